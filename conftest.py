@@ -1,0 +1,35 @@
+"""Shared fixtures: a fresh jail per test, a fleet of kernel-backend nodes on it, the run's history.
+
+Each test gets its own jail, history file and barrier directory under its own tmp_path, so tests
+run in parallel under `pytest -n auto` without sharing a jail, a lock or a temp directory.
+"""
+from __future__ import annotations
+
+import pytest
+
+from fixtures.jail import make_jail
+from gpujail import history, kernel
+
+
+@pytest.fixture
+def jail(tmp_path):
+    return make_jail(tmp_path / "jail")
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    d = tmp_path / "run"
+    (d / "barriers").mkdir(parents=True)
+    return d
+
+
+@pytest.fixture
+def fleet(jail, run_dir):
+    """Kernel-backend nodes on `jail`; all killed (namespaces, mounts, processes) at teardown."""
+    reason = kernel.precondition()
+    if reason:
+        pytest.skip(reason)
+    env = {"GPUJAIL_HISTORY": str(run_dir / "history.jsonl"), "GPUJAIL_BARRIERS": str(run_dir / "barriers")}
+    with kernel.Fleet(jail, env) as f:
+        f.history = lambda: history.load(env["GPUJAIL_HISTORY"])
+        yield f

@@ -1,0 +1,217 @@
+"""Failpoints in the style of etcd's gofail: named places where a test injects a fault.
+
+How this works
+--------------
+`GPUJAIL_FAILPOINTS='cli.before_mkdir=1*pause(race);cli.after_mount=2*off->return(EIO)'` arms
+failpoints for every process that inherits the environment. Grammar (gofail's, unchanged, plus
+`pause(barrier)` from pingcap and `kill`):
+
+    spec   := entry (';' entry)*
+    entry  := NAME '=' term ('->' term)*
+    term   := [N '*' | P '%'] action ['(' arg ')']
+    action := off | return | sleep | panic | print | pause | kill
+
+`N*term` applies `term` to the next N hits, then the chain moves on (so `2*off->return(EIO)` fails
+the 3rd hit); `P%term` applies it with probability P (seeded by GPUJAIL_SEED and the node id). A
+term with no count applies to every remaining hit. Hits are counted per process.
+
+Actions: `return(ERRNO|"message")` makes the step fail as the syscall would (OSError), `sleep(ms)`,
+`panic` aborts (SIGABRT, no cleanup), `kill` SIGKILLs the process (no cleanup), `print` writes the
+name to stderr, `pause(barrier)` blocks until the harness releases the barrier (see `Barrier`).
+
+Every hit of an armed failpoint is recorded in the history (`failpoint` event, with the action), so
+a test can check that what it armed actually fired. A malformed spec or an unknown name raises
+`FailpointSpecError` saying where parsing stopped; callers turn that into one line and exit 1.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import random
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+from . import history
+
+ENV, BARRIERS_ENV = "GPUJAIL_FAILPOINTS", "GPUJAIL_BARRIERS"
+
+# The registry: every failpoint name, where it sits. One line each; unknown names are an error.
+REGISTRY = {
+    "cli.before_list": "fake CLI: before driver discovery (list and configure)",
+    "cli.after_list": "fake CLI: after discovery, before anything is created or mounted",
+    "cli.before_mkdir": "fake CLI: before each mkdir of a missing parent (make_ancestors)",
+    "cli.before_create": "fake CLI: before each placeholder open(O_CREAT)",
+    "cli.before_mount": "fake CLI: before each bind mount",
+    "cli.after_mount": "fake CLI: after each bind mount, before its read-only remount",
+    "cli.after_remount": "fake CLI: after each read-only remount (the target counts as mounted)",
+    "cli.before_ldconfig": "fake CLI: before running --ldconfig",
+    "cli.before_cleanup": "fake CLI: on failure, before unmounting and removing targets",
+    "cli.before_remove": "fake CLI: in cleanup, before each unmount+remove of one target",
+    "cli.before_exit": "fake CLI: after a successful configure, before exit 0",
+    "ref.before_list": "implementation: before running `nvidia-container-cli list`",
+    "ref.after_lock": "implementation: the placeholder lock was just acquired",
+    "ref.before_marker": "implementation: before creating each marker placeholder",
+    "ref.before_unlock": "implementation: markers written, before releasing the lock",
+    "ref.before_configure": "implementation: before running `nvidia-container-cli configure`",
+    "ref.before_verify": "implementation: after configure, before verification",
+    "ref.before_ready": "implementation: verified, before the done flag and exit 0",
+}
+ACTIONS = ("off", "return", "sleep", "panic", "print", "pause", "kill")
+
+
+class FailpointSpecError(ValueError):
+    pass
+
+
+@dataclass
+class Term:
+    action: str
+    arg: str | None = None
+    count: int | None = None       # N*: remaining hits this term applies to
+    percent: float | None = None   # P%
+
+
+@dataclass
+class Failpoint:
+    name: str
+    terms: list[Term]
+    hits: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+
+_TERM = re.compile(r"\s*(?:(?P<count>\d+)\*|(?P<pct>\d+(?:\.\d+)?)%)?(?P<action>[a-z]+)(?:\((?P<arg>[^()]*)\))?\s*$")
+
+
+def parse(spec: str) -> dict[str, Failpoint]:
+    points: dict[str, Failpoint] = {}
+    offset = 0
+    for entry in spec.split(";"):
+        where = f"{ENV}: cannot parse {entry.strip()!r} at offset {offset}"
+        offset += len(entry) + 1
+        if not entry.strip():
+            continue
+        name, eq, chain = entry.partition("=")
+        name = name.strip()
+        if not eq:
+            raise FailpointSpecError(f"{where}: expected NAME=TERM")
+        if name not in REGISTRY:
+            raise FailpointSpecError(f"{where}: unknown failpoint {name!r} (see `gpujail failpoints`)")
+        terms = []
+        for text in chain.split("->"):
+            m = _TERM.match(text)
+            if not m:
+                raise FailpointSpecError(f"{where}: bad term {text.strip()!r}, expected [N*|P%]action[(arg)]")
+            action, arg = m["action"], m["arg"]
+            if action not in ACTIONS:
+                raise FailpointSpecError(f"{where}: unknown action {action!r}, expected one of {', '.join(ACTIONS)}")
+            if action in ("return", "sleep", "pause") and not arg:
+                raise FailpointSpecError(f"{where}: {action} needs an argument")
+            if action == "sleep" and not arg.isdigit():
+                raise FailpointSpecError(f"{where}: sleep takes milliseconds, got {arg!r}")
+            if action == "return" and not (arg.startswith('"') or hasattr(errno, arg)):
+                raise FailpointSpecError(f"{where}: return takes an errno name or a quoted message, got {arg!r}")
+            terms.append(Term(action, arg, int(m["count"]) if m["count"] else None,
+                              float(m["pct"]) if m["pct"] else None))
+        seed = f"{os.environ.get('GPUJAIL_SEED', '0')}:{os.environ.get('GPUJAIL_NODE', '')}:{name}"
+        points[name] = Failpoint(name, terms, rng=random.Random(seed))
+    return points
+
+
+_armed: dict[str, Failpoint] | None = None
+_armed_spec: str | None = None
+
+
+def armed() -> dict[str, Failpoint]:
+    """The failpoints armed by the environment (parsed once per process and spec)."""
+    global _armed, _armed_spec
+    spec = os.environ.get(ENV, "")
+    if _armed is None or spec != _armed_spec:
+        _armed, _armed_spec = parse(spec), spec
+    return _armed
+
+
+def hit(name: str, **context) -> None:
+    """Evaluate failpoint `name`. Raises OSError for `return`; may sleep, pause, abort or die."""
+    assert name in REGISTRY, name
+    fp = armed().get(name)
+    if fp is None:
+        return
+    fp.hits += 1
+    term = _current_term(fp)
+    action = term.action if term else "off"
+    if term and term.percent is not None and fp.rng.uniform(0, 100) >= term.percent:
+        action = "off"
+    history.record("failpoint", name=name, hit=fp.hits, action=action, arg=term.arg if term else None, **context)
+    if action == "off":
+        return
+    if action == "print":
+        print(f"failpoint {name} hit {fp.hits}", file=sys.stderr)
+    elif action == "sleep":
+        time.sleep(int(term.arg) / 1000)
+    elif action == "pause":
+        Barrier(term.arg).arrive_and_wait()
+    elif action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "panic":
+        os.abort()
+    elif action == "return":
+        if term.arg.startswith('"'):
+            raise OSError(errno.EIO, term.arg.strip('"'), context.get("path"))
+        code = getattr(errno, term.arg)
+        raise OSError(code, os.strerror(code), context.get("path"))
+
+
+def _current_term(fp: Failpoint) -> Term | None:
+    while fp.terms:
+        term = fp.terms[0]
+        if term.count is None:
+            return term
+        if term.count > 0:
+            term.count -= 1
+            if term.count == 0:
+                fp.terms.pop(0)
+            return term
+        fp.terms.pop(0)
+    return None
+
+
+class Barrier:
+    """A named rendezvous between paused processes and the harness, as files in a shared directory.
+
+    A process that hits `pause(name)` creates `name.arrived.<node>.<pid>` and waits until
+    `name.release` exists. The harness counts arrivals and releases everyone at once, which is how
+    a chaos test forces 8 CLIs into the same `mkdir` window every time.
+    """
+
+    def __init__(self, name: str, directory: str | None = None):
+        self.name = name
+        self.dir = directory or os.environ.get(BARRIERS_ENV) or ""
+        if not self.dir:
+            raise FailpointSpecError(f"pause({name}) needs {BARRIERS_ENV} to name a barrier directory")
+
+    def arrivals(self) -> int:
+        prefix = f"{self.name}.arrived."
+        return sum(1 for f in os.listdir(self.dir) if f.startswith(prefix))
+
+    def arrive_and_wait(self, timeout: float = 300.0) -> None:
+        me = os.path.join(self.dir, f"{self.name}.arrived.{os.environ.get('GPUJAIL_NODE', 'x')}.{os.getpid()}")
+        open(me, "w").close()
+        deadline = time.monotonic() + timeout
+        release = os.path.join(self.dir, f"{self.name}.release")
+        while not os.path.exists(release):
+            if time.monotonic() > deadline:
+                raise OSError(errno.ETIMEDOUT, f"barrier {self.name} never released")
+            time.sleep(0.001)
+
+    def wait_arrivals(self, n: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.arrivals() < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"barrier {self.name}: {self.arrivals()} of {n} arrived within {timeout:g}s")
+            time.sleep(0.002)
+
+    def release(self) -> None:
+        open(os.path.join(self.dir, f"{self.name}.release"), "w").close()

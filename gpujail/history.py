@@ -1,0 +1,42 @@
+"""The recorded history of a run: one JSON object a line, appended by every process.
+
+How this works
+--------------
+Every process of a run (harness, node agents, implementations, fake CLIs) appends events to the one
+file named by `GPUJAIL_HISTORY`. Each record is a single `write(2)` on an `O_APPEND` descriptor, so
+parallel writers never interleave a record (the kernel positions and writes an append atomically on
+local file systems). Timestamps are `CLOCK_MONOTONIC`, which is one clock for all processes of a
+machine, so records from different workers order correctly. Without `GPUJAIL_HISTORY`, recording is a
+no-op: the fake CLI and `reference` run unchanged outside the harness.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+ENV = "GPUJAIL_HISTORY"
+_fd: int | None = None
+_path: str | None = None
+
+
+def record(kind: str, **fields) -> None:
+    global _fd, _path
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    if _fd is None or _path != path:
+        _fd, _path = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644), path
+    event = {"t": time.monotonic(), "node": os.environ.get("GPUJAIL_NODE", "host"), "pid": os.getpid(), "kind": kind}
+    event.update(fields)
+    os.write(_fd, (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode())
+
+
+def load(path: str) -> list[dict]:
+    """All events of a history file, in time order."""
+    try:
+        with open(path) as f:
+            events = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    return sorted(events, key=lambda e: e["t"])

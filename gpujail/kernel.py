@@ -1,0 +1,182 @@
+"""Kernel backend, harness side: start worker nodes, run implementations in them, probe them.
+
+How this works
+--------------
+A `Node` is a `python -m gpujail.node` process (see that module) holding its own mount namespace
+with the host's driver files of one driver version at their real host paths, node-local `/dev` and
+`/run`, and the shared jail. The harness talks to it over a pipe, one JSON line per request.
+`Fleet` starts and stops many nodes together and is a context manager: leaving it (normally, on an
+exception, on a timeout or on Ctrl-C) kills every node, and with them their namespaces, mounts and
+processes (SPEC INV-6).
+
+`precondition()` says why this host cannot run the kernel backend (no root and no unprivileged user
+namespaces), so tests skip with that reason instead of passing silently.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fixtures import drivers
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_CLI_DIR = REPO / "fixtures" / "bin"
+NODE_SETUP_TIMEOUT = 30.0
+
+
+def precondition() -> str | None:
+    """None when the kernel backend works here, else the reason it cannot."""
+    if sys.platform != "linux":
+        return "kernel backend needs Linux mount namespaces"
+    if os.getuid() == 0:
+        return None
+    try:
+        subprocess.run(["unshare", "-Urm", "true"], check=True, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"kernel backend needs root or unprivileged user namespaces ({e})"
+    return None
+
+
+@dataclass
+class RunResult:
+    code: int | str            # exit code, or "timeout"
+    stdout: str
+    stderr: str
+    duration: float
+
+    @property
+    def error_line(self) -> str:
+        lines = [ln for ln in self.stderr.splitlines() if ln.strip()]
+        return lines[-1] if lines else ""
+
+
+@dataclass
+class Node:
+    """One worker node. Create through `Fleet.start`."""
+    node_id: str
+    jail: Path
+    role: str
+    version: str | None
+    env: dict[str, str]
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self) -> "Node":
+        devices, socket_path, tree = [], None, None
+        if self.role == "gpu-worker":
+            tree = str(drivers.materialise(self.version))
+            cat = drivers.catalogue(self.version)
+            devices = [(f.path, *f.device) for f in cat if f.kind == "device"]
+            socket_path = drivers.PERSISTENCED_SOCKET
+        cfg = {"jail": str(self.jail), "driver_tree": tree, "devices": devices, "socket": socket_path,
+               "env": {k: v for k, v in self.env.items() if k.startswith("GPUJAIL_")}}
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpujail.node", json.dumps(cfg)], cwd=REPO,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": _pythonpath()})
+        hello = self._read()
+        if not hello.get("ready"):
+            self.kill()
+            raise RuntimeError(f"node {self.node_id}: {hello.get('error', 'did not start')}")
+        return self
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            return {"error": f"node process exited with code {code}"}
+        return json.loads(line)
+
+    def call(self, op: str, **args) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"node {self.node_id} is not running")
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        if "error" in reply:
+            raise RuntimeError(f"node {self.node_id}: {op}: {reply['error']}")
+        return reply
+
+    def contract_env(self, capabilities: str = "compute,utility", extra: dict | None = None) -> dict[str, str]:
+        """The environment SPEC section 5 promises an implementation."""
+        path = os.pathsep.join([str(FAKE_CLI_DIR), os.path.dirname(sys.executable),
+                                "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+        env = {"PATH": path, "HOME": "/root" if os.getuid() == 0 else os.environ.get("HOME", "/"),
+               "LANG": "C.UTF-8", "PYTHONPATH": _pythonpath(), "PYTHONDONTWRITEBYTECODE": "1",
+               "GPUJAIL_JAIL": str(self.jail), "GPUJAIL_NODE": self.node_id, "GPUJAIL_ROLE": self.role,
+               "NVIDIA_DRIVER_CAPABILITIES": capabilities}
+        env.update({k: v for k, v in self.env.items()})
+        env.update(extra or {})
+        return env
+
+    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120.0) -> RunResult:
+        """Run a command in this node's namespace, cwd = jail (SPEC section 5)."""
+        env = env if env is not None else self.contract_env()
+        r = self.call("run", argv=argv, env=env, cwd=str(self.jail), timeout=timeout)
+        return RunResult(r["code"], r["stdout"], r["stderr"], r["duration"])
+
+    def cli(self, *args: str, env: dict | None = None, timeout: float = 60.0) -> RunResult:
+        """Run the fake nvidia-container-cli in this node."""
+        return self.run([str(FAKE_CLI_DIR / "nvidia-container-cli"), *args], env=env, timeout=timeout)
+
+    def probe(self, files: list[dict]) -> list[dict]:
+        """[{path, host?, load?}] -> what this node sees at each path (size, attached, loader, bytes)."""
+        return self.call("probe", files=files)["results"]
+
+    def mounts(self, under: str | None = None) -> list[dict]:
+        return self.call("mounts", under=under or str(self.jail))["mounts"]
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc:
+            self.proc.wait()
+            for f in (self.proc.stdin, self.proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+class Fleet:
+    """Nodes sharing one jail. Use as a context manager: every node is killed on exit."""
+
+    def __init__(self, jail: str | os.PathLike, env: dict[str, str] | None = None):
+        self.jail = Path(jail)
+        self.env = dict(env or {})
+        self.nodes: list[Node] = []
+
+    def start(self, node_id: str, role: str = "gpu-worker", version: str | None = drivers.DEFAULT_VERSION) -> Node:
+        node = Node(node_id, self.jail, role, version, {**self.env, "GPUJAIL_NODE": node_id})
+        self.nodes.append(node)
+        return node.start()
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for n in self.nodes:
+            n.kill()
+
+
+def command_argv(command: str, jail: str, node: str, role: str) -> list[str]:
+    """A contract command string split like a shell would, with {jail} {node} {role} substituted
+    in each word (so a jail path with spaces stays one argument)."""
+    return [w.format(jail=jail, node=node, role=role) for w in shlex.split(command)]

@@ -1,0 +1,241 @@
+"""A simulated worker node: one process holding a private mount namespace (kernel backend).
+
+How this works
+--------------
+`python -m gpujail.node CONFIG_JSON` is started by the harness (`gpujail/kernel.py`) with pipes on
+stdin/stdout. It:
+
+1. unshares a mount namespace and a PID namespace (plus a user namespace when not root, SPEC K-5),
+   makes every mount private, and forks: the child is PID 1 of the new PID namespace, so when it
+   dies the kernel kills every process of the node (implementation, fake CLIs), and when the last
+   process goes the mount namespace and all its mounts go too. Both processes ask to be SIGKILLed
+   when their parent dies, so a dead harness leaves nothing behind (SPEC INV-6);
+2. builds the node's view of the host, in this namespace only: the cached driver tree overlaid on
+   `/usr` (driver files at their real host paths), a fresh tmpfs `/dev` holding the usual devices
+   (bind mounts of the host's) plus NVIDIA device nodes, a tmpfs `/run` holding the persistenced
+   socket (a real AF_UNIX socket), and the node-local `/dev` and `/run` bind-mounted over
+   `JAIL/dev` and `JAIL/run` (that is how a real jail sees node-local objects, SPEC REF-3);
+3. answers JSON-line requests: `run` an implementation (exit code, output, duration), `probe` files
+   through the jail with the real loader, `mounts`, `exit`.
+
+The host's own `/usr`, `/dev`, `/run` are never written: every change is a mount in this namespace.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from . import history
+from .sysops import MS_BIND, MS_PRIVATE, MS_REC, RealSys
+
+MS_MOVE = 8192
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
+PR_SET_PDEATHSIG = 1
+HOST_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+_libc = ctypes.CDLL(None, use_errno=True)
+sysops = RealSys()
+
+
+def _die_with_parent() -> None:
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _unshare(flags: int) -> None:
+    if _libc.unshare(flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"unshare: {os.strerror(e)}")
+
+
+def enter_namespaces() -> None:
+    """Private mount + PID namespace (+ user namespace when unprivileged). Forks: returns in PID 1."""
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNS | CLONE_NEWPID
+    if uid != 0:
+        flags |= CLONE_NEWUSER
+    _unshare(flags)
+    if uid != 0:
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"0 {uid} 1")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"0 {gid} 1")
+    sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
+    pid = os.fork()
+    if pid:  # the outer process only relays the exit status of PID 1
+        _die_with_parent()
+        _, status = os.waitpid(pid, 0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    _die_with_parent()
+
+
+def build_view(cfg: dict) -> None:
+    """The node's view of the host and of the jail, in this mount namespace only."""
+    tree, jail = cfg.get("driver_tree"), cfg["jail"]
+    if tree:
+        for top in sorted(os.listdir(tree)):
+            target = "/" + top
+            sysops.mount("overlay", target, "overlay", 0,
+                         f"lowerdir={os.path.join(tree, top)}:{target}")
+    sysops.mount("tmpfs", "/run", "tmpfs", 0, "mode=0755")
+    _node_dev(cfg)
+    if cfg.get("socket"):
+        path = cfg["socket"]
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(path)   # a real socket inode; nobody needs to listen for a bind mount of it
+        s.close()
+        os.chmod(path, 0o777)
+    for d in ("dev", "run"):
+        # A hostile jail may have replaced dev/ or run/ with a symlink: mount on the real directory
+        # only (O_NOFOLLOW on the last component), never follow it out of the jail.
+        fd = os.open(os.path.join(jail, d), os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY)
+        try:
+            sysops.mount(f"/{d}", f"/proc/self/fd/{fd}", None, MS_BIND | MS_REC)
+        finally:
+            os.close(fd)
+
+
+def _node_dev(cfg: dict) -> None:
+    """A tmpfs /dev with the host's everyday devices (bind mounts) and this node's NVIDIA nodes.
+
+    Built in a staging tmpfs under /run while the host's /dev is still visible, then moved over /dev
+    (fds opened before unshare belong to the old namespace and cannot be bind sources)."""
+    stage = "/run/.node-dev"
+    os.mkdir(stage)
+    sysops.mount("tmpfs", stage, "tmpfs", 0, "mode=0755")
+    for name in HOST_DEVICES:
+        open(f"{stage}/{name}", "w").close()
+        sysops.bind_mount(f"/dev/{name}", f"{stage}/{name}")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{stage}/{name}")
+    os.mkdir(f"{stage}/shm", 0o1777)
+    os.chmod(f"{stage}/shm", 0o1777)
+    for path, major, minor in cfg.get("devices", []):
+        local = stage + path[len("/dev"):]
+        if cfg["privileged"]:
+            os.mknod(local, 0o020666, os.makedev(major, minor))
+            os.chmod(local, 0o666)
+        else:  # no mknod in a user namespace: a bind mount of /dev/null stands in for the node
+            open(local, "w").close()
+            sysops.bind_mount("/dev/null", local)
+    sysops.mount(stage, "/dev", None, MS_MOVE)
+    os.rmdir(stage)
+
+
+# -- requests -----------------------------------------------------------------------------------
+
+def op_run(req: dict) -> dict:
+    env = req["env"]
+    start = time.monotonic()
+    history.record("impl.start", argv=req["argv"])
+    try:
+        p = subprocess.Popen(req["argv"], cwd=req["cwd"], env=env, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as e:
+        history.record("impl.exit", code=127, error=str(e))
+        return {"code": 127, "stdout": "", "stderr": f"{req['argv'][0]}: {e.strerror}\n", "duration": 0.0}
+    try:
+        out, err = p.communicate(timeout=req.get("timeout"))
+        code = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        code = "timeout"
+    duration = time.monotonic() - start
+    history.record("impl.exit", code=code, duration=duration, stderr=err.decode(errors="replace")[-2000:])
+    return {"code": code, "stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace"),
+            "duration": duration}
+
+
+def probe_one(jail_path: str, host_path: str | None, load: bool, mountpoints: set[str]) -> dict:
+    """What a GPU job on this node would see at `jail_path` (runs in a forked child)."""
+    res: dict = {"path": jail_path, "attached": jail_path in mountpoints}
+    try:
+        data = open(jail_path, "rb").read()
+        res["size"] = len(data)
+        if host_path:
+            res["same_bytes"] = data == open(host_path, "rb").read()
+    except OSError as e:
+        res["error"] = f"{e.strerror}"
+        res["size"] = None
+    if load:
+        try:
+            ctypes.CDLL(jail_path)
+            res["loader"] = "ok"
+        except OSError as e:
+            res["loader"] = str(e)
+    return res
+
+
+def op_probe(req: dict) -> dict:
+    mountpoints = {m.mountpoint for m in sysops.mounts()}
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a fresh process per round: the loader caches what it loaded (by dev/inode)
+        os.close(r)
+        results = [probe_one(f["path"], f.get("host"), f.get("load", False), mountpoints) for f in req["files"]]
+        os.write(w, json.dumps(results).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        results = json.loads(f.read() or "[]")
+    os.waitpid(pid, 0)
+    history.record("probe", results=results)
+    return {"results": results}
+
+
+def op_mounts(req: dict) -> dict:
+    under = req.get("under", "/")
+    return {"mounts": [m.__dict__ for m in sysops.mounts() if m.mountpoint.startswith(under)]}
+
+
+OPS = {"run": op_run, "probe": op_probe, "mounts": op_mounts}
+
+
+def serve(inp, out) -> None:
+    for line in inp:
+        req = json.loads(line)
+        if req["op"] == "exit":
+            break
+        try:
+            reply = OPS[req["op"]](req)
+        except Exception as e:  # a broken request must not kill the node silently
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    os.environ.update(cfg.get("env", {}))
+    inp, out = sys.stdin, sys.stdout
+    _die_with_parent()
+    cfg["privileged"] = os.getuid() == 0
+    try:
+        enter_namespaces()
+        build_view(cfg)
+    except OSError as e:
+        out.write(json.dumps({"error": f"node setup failed: {e}"}) + "\n")
+        out.flush()
+        sys.exit(3)
+    history.record("node.up", pid=os.getpid())
+    out.write(json.dumps({"ready": True, "uid": os.getuid()}) + "\n")
+    out.flush()
+    serve(inp, out)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BrokenPipeError:
+        sys.exit(errno.EPIPE)

@@ -1,0 +1,279 @@
+"""The one small interface every file-system and mount step goes through.
+
+How this works
+--------------
+The fake CLI (`fixtures/fake_cli.py`) and the bundled implementations (`reference_impl/`) never call
+`os` or `mount(2)` directly: they call a `Sys` object. `RealSys` below is plain syscalls in the
+calling process's mount namespace (kernel and docker backends); a model of the shared file system
+(the deterministic backend) implements the same methods, so each procedure is written once.
+
+Two families of path operations:
+
+* plain paths (`stat`, `mkdir`, `create`, `unlink`, ...): what the real `nvidia-container-cli`
+  does, races and all (SPEC CLI-4..6);
+* `*_beneath(root, rel, ...)`: resolution confined to `root` as if it were `/` (SPEC REF-11). The
+  real implementation uses `openat2(RESOLVE_IN_ROOT)`, so a symlink swapped in while we run can
+  never take a write outside the jail: absolute links and `..` resolve inside it, as in a chroot.
+
+`resolve_in_root` is the same chroot-like resolution done in Python over `lstat`/`readlink`; the CLI
+uses it to compute destinations (its `path_resolve_full`), and `reference` to map targets (REF-2).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import stat as statmod
+import time
+from dataclasses import dataclass
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+O_PATH = getattr(os, "O_PATH", 0o10000000)
+_SYS_OPENAT2 = 437  # x86_64 and aarch64 share this number
+RESOLVE_NO_MAGICLINKS, RESOLVE_IN_ROOT = 0x02, 0x10
+_MAX_SYMLINKS = 40
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _check(ret: int, what: str, path: str) -> None:
+    if ret < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}", path)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of /proc/self/mountinfo, the fields the suite looks at."""
+    mount_id: int
+    mountpoint: str
+    root: str
+    fstype: str
+    source: str
+    options: str
+
+
+def _unescape(field: str) -> str:
+    # mountinfo octal-escapes space, tab, newline and backslash (fs/proc_namespace.c mangle()).
+    out, i = [], 0
+    while i < len(field):
+        esc = field[i + 1:i + 4]
+        if field[i] == "\\" and len(esc) == 3 and esc.isdigit():
+            out.append(chr(int(esc, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    mounts = []
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        mounts.append(Mount(int(f[0]), _unescape(f[4]), _unescape(f[3]), r[0], _unescape(r[1]), f[5]))
+    return mounts
+
+
+class LockTimeout(Exception):
+    pass
+
+
+class RealSys:
+    """Plain syscalls in this process's mount namespace."""
+
+    # -- plain paths (what the real CLI does) ---------------------------------------------------
+    def stat(self, path: str) -> os.stat_result:
+        return os.stat(path)
+
+    def lstat(self, path: str) -> os.stat_result:
+        return os.lstat(path)
+
+    def readlink(self, path: str) -> str:
+        return os.readlink(path)
+
+    def symlink(self, target: str, path: str) -> None:
+        os.symlink(target, path)
+
+    def mkdir(self, path: str, mode: int) -> None:
+        os.mkdir(path, mode)
+
+    def create(self, path: str, mode: int) -> None:
+        """open(O_NOFOLLOW|O_CREAT) as libnvidia-container's file_create: no O_EXCL, no O_TRUNC."""
+        os.close(os.open(path, os.O_NOFOLLOW | os.O_CREAT | os.O_WRONLY, mode & 0o7777))
+
+    def chmod(self, path: str, mode: int) -> None:
+        os.chmod(path, mode & 0o7777)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def read(self, path: str, limit: int = -1) -> bytes:
+        with open(path, "rb") as f:
+            return f.read(limit)
+
+    # -- mounts ---------------------------------------------------------------------------------
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+        enc = lambda s: None if s is None else s.encode()  # noqa: E731
+        _check(_libc.mount(enc(source), target.encode(), enc(fstype), flags, enc(data)), "mount", target)
+
+    def bind_mount(self, source: str, target: str) -> None:
+        self.mount(source, target, None, MS_BIND)
+
+    def remount(self, target: str, flags: int = MS_RDONLY | MS_NODEV | MS_NOSUID) -> None:
+        """Change a bind mount's per-mount flags (MS_BIND|MS_REMOUNT), e.g. to read-only."""
+        self.mount(None, target, None, MS_BIND | MS_REMOUNT | flags)
+
+    def umount(self, target: str, flags: int = MNT_DETACH) -> None:
+        _check(_libc.umount2(target.encode(), flags), "umount", target)
+
+    def mounts(self) -> list[Mount]:
+        with open("/proc/self/mountinfo") as f:
+            return parse_mountinfo(f.read())
+
+    # -- locks (SPEC K-4) -----------------------------------------------------------------------
+    def lock(self, fd: int, timeout: float | None) -> float:
+        """flock(LOCK_EX) with a bounded wait; returns seconds waited, raises LockTimeout."""
+        start = time.monotonic()
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return time.monotonic() - start
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                if timeout is not None and waited >= timeout:
+                    raise LockTimeout(f"lock not acquired within {timeout:g}s") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+    def unlock(self, fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    # -- confined to a root (SPEC REF-11) -------------------------------------------------------
+    def _openat2(self, root: str, rel: str, flags: int, mode: int = 0) -> int:
+        rootfd = os.open(root, O_PATH | os.O_DIRECTORY)
+        try:
+            how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+            fd = _libc.syscall(_SYS_OPENAT2, rootfd, rel.encode(), ctypes.byref(how), ctypes.sizeof(how))
+            _check(fd, "openat2", os.path.join(root, rel))
+            return fd
+        finally:
+            os.close(rootfd)
+
+    def _parent_beneath(self, root: str, rel: str) -> tuple[int, str]:
+        parent, name = os.path.split(rel.strip("/"))
+        if name in ("", ".", ".."):
+            raise OSError(errno.EINVAL, "not a file name", os.path.join(root, rel))
+        return self._openat2(root, parent or ".", O_PATH | os.O_DIRECTORY), name
+
+    def stat_beneath(self, root: str, rel: str) -> os.stat_result:
+        fd = self._openat2(root, rel, O_PATH)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def mkdir_beneath(self, root: str, rel: str, mode: int) -> None:
+        pfd, name = self._parent_beneath(root, rel)
+        try:
+            os.mkdir(name, mode, dir_fd=pfd)
+            # mkdir honours the umask; REF-5 wants exactly `mode`. chmod through an O_NOFOLLOW fd.
+            fd = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=pfd)
+            try:
+                os.chmod(f"/proc/self/fd/{fd}", mode)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(pfd)
+
+    def write_new_beneath(self, root: str, rel: str, data: bytes, mode: int) -> None:
+        """Create a new file (O_EXCL|O_NOFOLLOW) beneath root, write data, set the exact mode."""
+        pfd, name = self._parent_beneath(root, rel)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
+        finally:
+            os.close(pfd)
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, mode & 0o7777)
+        finally:
+            os.close(fd)
+
+    def open_lock_beneath(self, root: str, rel: str) -> int:
+        """An fd for flock on a lock file beneath root, created if missing."""
+        return self._openat2(root, rel, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+
+    def unlink_beneath(self, root: str, rel: str) -> None:
+        pfd, name = self._parent_beneath(root, rel)
+        try:
+            os.unlink(name, dir_fd=pfd)
+        finally:
+            os.close(pfd)
+
+    def touch_beneath(self, root: str, rel: str, mode: int = 0o644) -> None:
+        os.close(self._openat2(root, rel, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, mode))
+
+
+def resolve_in_root(sys, root: str, path: str) -> str:
+    """Resolve `path` as if `root` were `/` (absolute links and `..` stay inside `root`).
+
+    The last component is resolved too (like stat). Missing components are kept as they are, so the
+    result names where a file *would* be created. Returns an absolute path under `root`.
+    """
+    root = os.path.abspath(root)
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    done: list[str] = []
+    hops, missing = 0, False
+    while parts:
+        name = parts.pop(0)
+        if name == "..":
+            if done:
+                done.pop()
+            continue
+        candidate = os.path.join(root, *done, name)
+        try:
+            if missing:  # nothing below a missing name can be a link
+                raise FileNotFoundError
+            st = sys.lstat(candidate)
+        except (FileNotFoundError, NotADirectoryError):
+            missing = True
+            done.append(name)
+            continue
+        if statmod.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > _MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, "too many levels of symbolic links", candidate)
+            target = sys.readlink(candidate)
+            if target.startswith("/"):
+                done = []
+            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+            continue
+        done.append(name)
+    return os.path.join(root, *done)
+
+
+def beneath(root: str, path: str) -> str:
+    """`path` (absolute, under root) as a root-relative path; raises if it is not under root."""
+    rel = os.path.relpath(path, root)
+    if rel == ".." or rel.startswith("../"):
+        raise ValueError(f"{path} is not under {root}")
+    return rel
