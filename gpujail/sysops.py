@@ -232,6 +232,37 @@ class RealSys:
     def touch_beneath(self, root: str, rel: str, mode: int = 0o644) -> None:
         os.close(self._openat2(root, rel, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, mode))
 
+    def read_beneath(self, root: str, rel: str, limit: int = -1) -> bytes:
+        fd = self._openat2(root, rel, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            return f.read(limit)
+
+    def bind_mount_beneath(self, source: str, root: str, rel: str, flags: int) -> None:
+        """Bind `source` over root/rel, resolved beneath root (last component not followed), then
+        remount it with `flags`. Mounting through the O_PATH fd's magic link pins the exact inode
+        we resolved, so a symlink swapped in meanwhile cannot redirect the mount."""
+        fd = self._openat2(root, rel, O_PATH | os.O_NOFOLLOW)
+        try:
+            target = f"/proc/self/fd/{fd}"
+            self.bind_mount(source, target)
+        finally:
+            os.close(fd)
+        fd = self._openat2(root, rel, O_PATH | os.O_NOFOLLOW)
+        try:
+            self.remount(f"/proc/self/fd/{fd}", flags)
+        finally:
+            os.close(fd)
+
+    # -- sub-steps ------------------------------------------------------------------------------
+    def run(self, argv: list[str], timeout: float | None = None) -> tuple[int, str, str]:
+        """Run a program (the CLI, ldconfig); returns (exit code, stdout, stderr)."""
+        import subprocess
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            return 127, "", f"{argv[0]}: command not found\n"
+        return p.returncode, p.stdout, p.stderr
+
 
 def resolve_in_root(sys, root: str, path: str) -> str:
     """Resolve `path` as if `root` were `/` (absolute links and `..` stay inside `root`).

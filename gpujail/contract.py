@@ -1,0 +1,102 @@
+"""The implementation contract (SPEC section 5, CONTRACT.md): run any implementation as a worker.
+
+How this works
+--------------
+`command_for(impl)` turns an implementation name into a command template: the bundled ones by
+name (`reference`, `legacy`, `direct`, `example-shell`), anything else as a command string in which
+`{jail}`, `{node}`, `{role}` are substituted per word (so `bash vendor.sh -j {jail}` works).
+`start_worker` runs it in a fresh node of the kernel backend, the way an orchestrator starts a
+container: the contract environment, cwd = the jail, exit 0 = ready. A non-zero exit restarts it
+by the `RestartPolicy`, each restart in a *new* node (a container restart gets a new mount
+namespace), with exponential backoff. Every start, exit and restart goes into the history.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import history
+from .kernel import REPO, Fleet, Node, RunResult
+
+BUNDLED = {
+    "reference": [sys.executable, "-m", "reference_impl", "reference"],
+    "legacy": [sys.executable, "-m", "reference_impl", "legacy"],
+    "direct": [sys.executable, "-m", "reference_impl", "direct"],
+    "example-shell": ["sh", str(REPO / "reference_impl" / "example.sh")],
+}
+
+
+class UnknownImplementation(ValueError):
+    pass
+
+
+def command_for(impl: str, jail: str, node: str, role: str) -> list[str]:
+    """argv for implementation `impl` (a bundled name or a command string)."""
+    if impl in BUNDLED:
+        return list(BUNDLED[impl])
+    if impl.startswith("mutant:"):
+        raise UnknownImplementation(f"unknown mutant {impl!r}: mutants arrive with the mutant catalogue")
+    try:
+        words = shlex.split(impl)
+    except ValueError as e:
+        raise UnknownImplementation(f"cannot parse implementation command {impl!r}: {e}") from None
+    if not words:
+        raise UnknownImplementation("empty implementation command")
+    argv = [w.replace("{jail}", jail).replace("{node}", node).replace("{role}", role) for w in words]
+    if "/" in argv[0] and not Path(argv[0]).exists():
+        raise UnknownImplementation(f"implementation command not found: {argv[0]}")
+    return argv
+
+
+@dataclass
+class RestartPolicy:
+    """How an orchestrator restarts a failing container: up to `max_restarts`, with backoff."""
+    max_restarts: int = 0
+    backoff: float = 0.05
+    factor: float = 2.0
+    max_backoff: float = 2.0
+
+    def delay(self, restart: int) -> float:
+        return min(self.backoff * self.factor ** restart, self.max_backoff)
+
+
+@dataclass
+class Worker:
+    node_id: str
+    role: str
+    node: Node | None = None              # the node of the last attempt (kept alive when ready)
+    attempts: list[RunResult] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.attempts) and self.attempts[-1].code == 0
+
+
+def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker",
+                 version: str | None = None, policy: RestartPolicy | None = None,
+                 capabilities: str = "compute,utility", env: dict[str, str] | None = None,
+                 timeout: float = 120.0) -> Worker:
+    """Start a worker and restart it by `policy` until it reports ready or gives up."""
+    from fixtures.drivers import DEFAULT_VERSION
+    policy = policy or RestartPolicy()
+    version = version or (DEFAULT_VERSION if role == "gpu-worker" else None)
+    worker = Worker(node_id, role)
+    for attempt in range(policy.max_restarts + 1):
+        if attempt:
+            time.sleep(policy.delay(attempt - 1))
+            history.record("worker.restart", worker=node_id, attempt=attempt)
+        node = fleet.start(node_id, role=role, version=version if role == "gpu-worker" else None)
+        argv = command_for(impl, str(fleet.jail), node_id, role)
+        history.record("worker.start", worker=node_id, impl=impl, attempt=attempt)
+        result = node.run(argv, env=node.contract_env(capabilities, env), timeout=timeout)
+        worker.attempts.append(result)
+        worker.node = node
+        if result.code == 0:
+            history.record("worker.ready", worker=node_id, attempt=attempt)
+            return worker
+        history.record("worker.exit", worker=node_id, code=result.code, error=result.error_line)
+        node.kill()
+    return worker

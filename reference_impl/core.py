@@ -1,0 +1,419 @@
+"""The pieces of the fixed procedure (SPEC section 4), shared by `reference`, `legacy` and `direct`.
+
+How this works
+--------------
+A worker start is: take the file set from `nvidia-container-cli list` (REF-1), map each host path to
+the jail-relative path where the CLI will mount it (REF-2), find which targets are missing (REF-3),
+and if any are, create non-empty *markers* for them under a cross-node flock on the shared jail
+(REF-5: re-check under the lock, 0755 parents, the host file's exact mode). The CLI then finds every
+target present with the right st_mode, creates nothing, and its failure cleanup, which deletes only
+0-byte files, can no longer unlink what other workers have mounted. After `configure` we verify
+instead of trusting (REF-7: each new mount attached and > 1 KiB by path), check the NVML soname
+(REF-8) and touch the done flag (REF-10).
+
+Every path under the jail is touched through `Sys.*_beneath`, i.e. `openat2(RESOLVE_IN_ROOT)`: the
+jail's own symlinks (`lib -> usr/lib`, even `/etc` or `..`) resolve inside the jail, so nothing is
+ever created, chmod-ed, written or deleted outside it (REF-11), however the jail changes meanwhile.
+
+Each fatal path raises `Fatal(code, message)`; `main_wrapper` prints it as one line on stderr and
+exits with that code, so an orchestrator restarts the container and a person sees what and where.
+"""
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import stat
+from dataclasses import dataclass, field
+
+from gpujail import failpoints, history
+from gpujail.sysops import MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, LockTimeout
+
+LOCK = "etc/complement_jail_gpu_placeholders.lock"
+LDCONFIG_LOCK = "etc/complement_jail_ldconfig.lock"
+FLAG = "etc/gpu_libs_installed.flag"
+MARKER = b"nvidia-placeholder-marker\n"   # 26 bytes: non-empty, far below any real library (REF-5)
+PLACEHOLDER_MAX = 64                       # REF-9: a placeholder is smaller than this
+REAL_CONTENT_MIN = 1024                    # REF-7: a mounted regular file must be larger than this
+LIB64, LIB32 = "usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu"
+LIBRARY_DIRS = (LIB64, LIB32, "usr/lib64", "usr/lib")
+NVML = "libnvidia-ml.so"
+CAPABILITIES = ("compute", "compat32", "display", "graphics", "utility", "video", "ngx")
+
+# Exit codes: one per kind of failure, so an orchestrator or a test can tell them apart.
+EXIT = {"ready": 0, "bad-input": 2, "lock-timeout": 3, "cli-failed": 4, "verify-failed": 5,
+        "soname-failed": 6, "unsafe-jail": 7, "jail-write-failed": 8, "io-error": 9}
+assert len(MARKER) < PLACEHOLDER_MAX
+
+
+class Fatal(Exception):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind, self.code = kind, EXIT[kind]
+
+
+@dataclass
+class Ctx:
+    """What one worker start knows: SPEC section 5's contract, plus the interface to the world."""
+    sys: object
+    jail: str
+    node: str = "?"
+    role: str = "gpu-worker"
+    capabilities: str = "compute,utility"
+    cli: str = "nvidia-container-cli"
+    lock_timeout: float = 120.0
+    name: str = "reference"
+    created: list[str] = field(default_factory=list)   # markers this run created (jail-relative)
+
+    @classmethod
+    def from_env(cls, sysops, name: str) -> "Ctx":
+        jail = os.environ.get("GPUJAIL_JAIL") or os.getcwd()
+        return cls(sysops, os.path.abspath(jail), os.environ.get("GPUJAIL_NODE", "?"),
+                   os.environ.get("GPUJAIL_ROLE", "gpu-worker"),
+                   os.environ.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+                   lock_timeout=float(os.environ.get("GPUJAIL_LOCK_TIMEOUT", "120")), name=name)
+
+    def cli_flags(self) -> list[str]:
+        """NVIDIA_DRIVER_CAPABILITIES (e.g. "compute,utility" or "all") as configure flags."""
+        caps = [c.strip() for c in self.capabilities.split(",") if c.strip()]
+        if "all" in caps:
+            caps = [c for c in CAPABILITIES if c != "compat32"]
+        unknown = [c for c in caps if c not in CAPABILITIES]
+        if unknown:
+            raise Fatal("bad-input", f"NVIDIA_DRIVER_CAPABILITIES: unknown capability {unknown[0]!r}")
+        return [f"--{c}" for c in caps]
+
+
+# -- REF-1: the file set ----------------------------------------------------------------------
+
+def file_set(ctx: Ctx) -> list[str]:
+    """Host paths from `nvidia-container-cli list`, deduplicated, in list order."""
+    failpoints.hit("ref.before_list")
+    code, out, err = ctx.sys.run([ctx.cli, "list"])
+    if code != 0:
+        last = (err.strip().splitlines() or [f"exit code {code}"])[-1]
+        raise Fatal("bad-input", f"`{ctx.cli} list` failed (exit {code}): {last}")
+    paths: list[str] = []
+    for n, line in enumerate(out.splitlines(), 1):
+        if not line.strip():
+            continue
+        if not line.startswith("/"):
+            raise Fatal("bad-input", f"`{ctx.cli} list` line {n}: not an absolute path: {line!r}")
+        if line not in paths:
+            paths.append(line)
+    if not paths:
+        raise Fatal("bad-input", f"`{ctx.cli} list` printed no files: is the driver installed?")
+    return paths
+
+
+# -- REF-2: where the CLI will mount each file -------------------------------------------------
+
+def target(host_path: str, debian: bool = True) -> str:
+    """The jail-relative path the CLI mounts `host_path` at (SPEC CLI-3): libraries flattened into
+    the jail's library directory, binaries into usr/bin, everything else at its own path."""
+    d, base = os.path.split(host_path)
+    if base.startswith("lib") and ".so" in base:
+        if "i386" in d or d.endswith(("/lib32", "/usr/lib")):
+            return f"{LIB32 if debian else 'usr/lib'}/{base}"
+        return f"{LIB64 if debian else 'usr/lib64'}/{base}"
+    if d.endswith("/bin") or d.endswith("/sbin"):
+        return f"usr/bin/{base}"
+    return host_path.lstrip("/")
+
+
+def is_debian(ctx: Ctx) -> bool:
+    return _stat_beneath(ctx, "etc/debian_version") is not None
+
+
+def _stat_beneath(ctx: Ctx, rel: str):
+    """stat through the jail (REF-11), None if missing; anything odd on the way is fatal."""
+    try:
+        return ctx.sys.stat_beneath(ctx.jail, rel)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise Fatal("unsafe-jail", f"cannot resolve {rel} inside the jail {ctx.jail}: {e.strerror}") from None
+
+
+def plan(ctx: Ctx, host_paths: list[str]) -> list[tuple[str, str]]:
+    """(host path, jail-relative target) pairs."""
+    debian = is_debian(ctx)
+    return [(p, target(p, debian)) for p in host_paths]
+
+
+# -- REF-3..5: markers under the lock ----------------------------------------------------------
+
+def missing(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """REF-3: the pairs whose target does not exist (a node-local /dev or /run entry exists)."""
+    return [(h, t) for h, t in pairs if _stat_beneath(ctx, t) is None]
+
+
+class JailLock:
+    """An exclusive flock on a lock file in the shared jail, with a bounded wait (K-4, REF-5)."""
+
+    def __init__(self, ctx: Ctx, rel: str = LOCK):
+        self.ctx, self.rel, self.fd = ctx, rel, None
+
+    def __enter__(self) -> "JailLock":
+        ctx = self.ctx
+        try:
+            self.fd = ctx.sys.open_lock_beneath(ctx.jail, self.rel)
+        except OSError as e:
+            raise Fatal("jail-write-failed", f"cannot open lock {ctx.jail}/{self.rel}: {e.strerror}") from None
+        history.record("impl.lock.wait", lock=self.rel)
+        try:
+            waited = ctx.sys.lock(self.fd, ctx.lock_timeout)
+        except LockTimeout:
+            os.close(self.fd)
+            history.record("impl.lock.timeout", lock=self.rel, timeout=ctx.lock_timeout)
+            raise Fatal("lock-timeout", f"lock {ctx.jail}/{self.rel} not acquired within "
+                                        f"{ctx.lock_timeout:g}s: another worker holds it") from None
+        history.record("impl.lock.acquired", lock=self.rel, waited=waited)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.ctx.sys.unlock(self.fd)
+        history.record("impl.lock.released", lock=self.rel)
+
+
+def make_parents(ctx: Ctx, rel: str) -> None:
+    """Create the missing parents of `rel` beneath the jail, mode 0755 (REF-5)."""
+    parts = rel.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        d = "/".join(parts[:i])
+        st = _stat_beneath(ctx, d)
+        if st is None:
+            try:
+                ctx.sys.mkdir_beneath(ctx.jail, d, 0o755)
+            except FileExistsError:
+                pass   # another process made it between our stat and mkdir: fine, it is a directory
+            except OSError as e:
+                raise Fatal("jail-write-failed", f"cannot create directory {ctx.jail}/{d}: {e.strerror}") from None
+        elif not stat.S_ISDIR(st.st_mode):
+            raise Fatal("unsafe-jail", f"{ctx.jail}/{d} is not a directory (mode {st.st_mode:o})")
+
+
+def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> int:
+    """REF-5 under the lock: re-check, then a non-empty marker with the host file's exact mode."""
+    created = 0
+    for host_path, rel in todo:
+        if _stat_beneath(ctx, rel) is not None:
+            continue   # an earlier lock holder created it
+        try:
+            mode = ctx.sys.stat(host_path).st_mode
+        except OSError as e:
+            raise Fatal("bad-input", f"listed host file {host_path}: {e.strerror}") from None
+        make_parents(ctx, rel)
+        failpoints.hit("ref.before_marker", path=rel)
+        try:
+            ctx.sys.write_new_beneath(ctx.jail, rel, MARKER, stat.S_IMODE(mode))
+        except OSError as e:
+            raise Fatal("jail-write-failed", f"cannot create marker {ctx.jail}/{rel}: {e.strerror}") from None
+        ctx.created.append(rel)
+        history.record("impl.marker", path=rel, mode=oct(stat.S_IMODE(mode)))
+        created += 1
+    return created
+
+
+def ensure_placeholders(ctx: Ctx, pairs: list[tuple[str, str]]) -> None:
+    """REF-3..5: warm path (nothing missing) takes no lock; cold path creates markers under it."""
+    todo = missing(ctx, pairs)
+    history.record("impl.placeholders", total=len(pairs), missing=len(todo))
+    if not todo:
+        return   # REF-4
+    with JailLock(ctx):
+        failpoints.hit("ref.after_lock")
+        create_markers(ctx, todo)
+        failpoints.hit("ref.before_unlock")
+
+
+# -- REF-6: the CLI ---------------------------------------------------------------------------
+
+def run_configure(ctx: Ctx) -> None:
+    failpoints.hit("ref.before_configure")
+    argv = [ctx.cli, "--user", "--no-pivot", "configure", "--no-cgroups", "--cuda-compat-mode=disabled",
+            "--ldconfig=/usr/bin/true", "--device=all", *ctx.cli_flags(), ctx.jail]
+    code, _, err = ctx.sys.run(argv)
+    if code != 0:
+        last = (err.strip().splitlines() or [f"exit code {code}"])[-1]
+        raise Fatal("cli-failed", f"`{ctx.cli} configure` failed (exit {code}): {last}")
+
+
+# -- REF-7: verify, do not trust -------------------------------------------------------------
+
+def jail_mounts(ctx: Ctx) -> dict[int, object]:
+    """This namespace's mounts under the jail, by mount id (a mount stacked on an old one is new)."""
+    prefix = ctx.jail.rstrip("/") + "/"
+    return {m.mount_id: m for m in ctx.sys.mounts() if m.mountpoint.startswith(prefix)}
+
+
+def verify(ctx: Ctx, before: dict, min_size: int = REAL_CONTENT_MIN) -> list[str]:
+    """Every mount the CLI created must still be attached and, for regular files, show real
+    content by path (> 1 KiB: a marker passes an existence check, not this one). Returns the
+    jail-relative mount targets."""
+    failpoints.hit("ref.before_verify")
+    after = jail_mounts(ctx)
+    new = list(dict.fromkeys(m.mountpoint for i, m in after.items() if i not in before))
+    if not new:
+        raise Fatal("verify-failed", "the CLI reported success but created no mounts under the jail")
+    for mountpoint in new:
+        rel = os.path.relpath(mountpoint, ctx.jail)
+        st = _stat_beneath(ctx, rel)
+        if st is None:
+            raise Fatal("verify-failed", f"{mountpoint}: mount detached right after configure")
+        if stat.S_ISREG(st.st_mode) and st.st_size <= min_size:
+            raise Fatal("verify-failed", f"{mountpoint}: {st.st_size} bytes through the jail, expected the "
+                                         f"driver file (> {min_size} bytes): a placeholder, not a mount")
+    history.record("impl.verified", mounts=len(new))
+    return [os.path.relpath(p, ctx.jail) for p in new]
+
+
+# -- REF-8: the NVML soname -------------------------------------------------------------------
+
+def soname_ok(ctx: Ctx, libdir: str) -> bool:
+    st = _stat_beneath(ctx, f"{libdir}/{NVML}.1")
+    return st is not None and stat.S_ISREG(st.st_mode) and st.st_size > REAL_CONTENT_MIN
+
+
+def ensure_soname(ctx: Ctx, mounted: list[str]) -> None:
+    """When NVML was mounted, libnvidia-ml.so.1 must resolve to real content; repair with the
+    jail's ldconfig under its own lock (re-checked under it, so only when stale)."""
+    nvml = [p for p in mounted if os.path.basename(p).startswith(NVML + ".") and not p.endswith(".so.1")]
+    if not nvml:
+        return
+    libdir = os.path.dirname(nvml[0])
+    if soname_ok(ctx, libdir):
+        return
+    with JailLock(ctx, LDCONFIG_LOCK):
+        if not soname_ok(ctx, libdir):
+            code, _, err = ctx.sys.run(["ldconfig", "-r", ctx.jail])
+            history.record("impl.ldconfig", code=code)
+            if code != 0:
+                raise Fatal("soname-failed", f"ldconfig -r {ctx.jail} failed (exit {code}): {err.strip()[-200:]}")
+    if not soname_ok(ctx, libdir):
+        raise Fatal("soname-failed", f"{ctx.jail}/{libdir}/{NVML}.1 does not resolve to the mounted "
+                                     f"{os.path.basename(nvml[0])} even after ldconfig")
+
+
+# -- REF-10 -----------------------------------------------------------------------------------
+
+def mark_done(ctx: Ctx) -> None:
+    failpoints.hit("ref.before_ready")
+    try:
+        ctx.sys.touch_beneath(ctx.jail, FLAG)
+    except OSError as e:
+        raise Fatal("jail-write-failed", f"cannot touch {ctx.jail}/{FLAG}: {e.strerror}") from None
+
+
+# -- REF-9: placeholders, populate-jail cleanup, CPU/login dummy mounts -----------------------
+
+def is_placeholder(name: str, st: os.stat_result) -> bool:
+    """REF-9: a regular file (not a symlink) named lib*.so.* smaller than 64 bytes."""
+    return stat.S_ISREG(st.st_mode) and fnmatch.fnmatchcase(name, "lib*.so.*") and st.st_size < PLACEHOLDER_MAX
+
+
+def is_empty_file(name: str, st: os.stat_result) -> bool:
+    """The legacy predicate: any empty regular file."""
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
+def placeholders(ctx: Ctx, predicate=is_placeholder) -> list[str]:
+    """Jail-relative paths matching `predicate` in the jail's library directories (lstat: never
+    following a symlink; a directory reached through a symlink is skipped)."""
+    found = []
+    for d in LIBRARY_DIRS:
+        st = _lstat_in_jail(ctx, d)
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            continue
+        for name in sorted(ctx.sys.listdir(os.path.join(ctx.jail, d))):
+            rel = f"{d}/{name}"
+            st = _lstat_in_jail(ctx, rel)
+            if st is not None and predicate(name, st):
+                found.append(rel)
+    return found
+
+
+def _lstat_in_jail(ctx: Ctx, rel: str):
+    """lstat of jail/rel, but only if no component on the way is a symlink (else None)."""
+    path = ctx.jail
+    st = None
+    for part in rel.split("/"):
+        path = os.path.join(path, part)
+        try:
+            st = ctx.sys.lstat(path)
+        except OSError:
+            return None
+        if stat.S_ISLNK(st.st_mode) and path != os.path.join(ctx.jail, rel):
+            return None
+    return st
+
+
+def populate_cleanup(ctx: Ctx, predicate=is_placeholder) -> list[str]:
+    """On a reused jail: remove every placeholder and the installed flag (REF-9)."""
+    removed = []
+    for rel in placeholders(ctx, predicate):
+        try:
+            ctx.sys.unlink_beneath(ctx.jail, rel)
+            removed.append(rel)
+        except FileNotFoundError:
+            pass
+    try:
+        ctx.sys.unlink_beneath(ctx.jail, FLAG)
+    except FileNotFoundError:
+        pass
+    history.record("impl.populate_cleanup", removed=removed)
+    return removed
+
+
+def dummy_library(directory: str = "/run/gpujail") -> str:
+    """A loadable stand-in library on node-local storage (/run is per-node: tmpfs in a container)."""
+    from fixtures.elf import shared_object   # the one ELF writer of the project
+    path = os.path.join(directory, "libdummy.so")
+    if not os.path.exists(path):
+        os.makedirs(directory, exist_ok=True)
+        with open(path + ".tmp", "wb") as f:
+            f.write(shared_object("libdummy.so", size=2048, tag=b"gpujail dummy library"))
+        os.rename(path + ".tmp", path)
+    return path
+
+
+def dummy_mounts(ctx: Ctx, dummy: str, predicate=is_placeholder) -> list[str]:
+    """CPU workers and login nodes: once the GPU flag exists, bind a dummy library over each
+    placeholder in this namespace, so programs linked against NVIDIA libraries start (REF-9)."""
+    if _stat_beneath(ctx, FLAG) is None:
+        history.record("impl.dummy_mounts", mounted=[], reason="no flag")
+        return []
+    mounted = []
+    for rel in placeholders(ctx, predicate):
+        try:
+            ctx.sys.bind_mount_beneath(dummy, ctx.jail, rel, MS_RDONLY | MS_NODEV | MS_NOSUID)
+            mounted.append(rel)
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # a placeholder removed meanwhile is fine
+                raise Fatal("jail-write-failed", f"cannot mount dummy over {ctx.jail}/{rel}: {e.strerror}") from None
+    history.record("impl.dummy_mounts", mounted=mounted)
+    return mounted
+
+
+# -- direct (seed 003): mount without configure -----------------------------------------------
+
+REMOUNT = {"dev": MS_RDONLY | MS_NOSUID | MS_NOEXEC, "run": MS_NODEV | MS_NOSUID | MS_NOEXEC}
+
+
+def mount_directly(ctx: Ctx, pairs: list[tuple[str, str]]) -> None:
+    """Bind each host file over its target, read-only with the CLI's flags. On failure undo our own
+    mounts only and delete nothing: a marker may already carry another worker's mount."""
+    done: list[str] = []
+    try:
+        for host_path, rel in pairs:
+            flags = REMOUNT.get(rel.split("/", 1)[0], MS_RDONLY | MS_NODEV | MS_NOSUID)
+            ctx.sys.bind_mount_beneath(host_path, ctx.jail, rel, flags)
+            done.append(rel)
+            history.record("impl.mount", src=host_path, dst=rel)
+    except OSError as e:
+        for rel in reversed(done):
+            try:
+                ctx.sys.umount(os.path.join(ctx.jail, rel))
+            except OSError:
+                pass
+        raise Fatal("cli-failed", f"bind mount of {e.filename or '?'} failed: {e.strerror}") from None

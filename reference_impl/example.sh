@@ -1,0 +1,156 @@
+#!/bin/sh
+# example.sh: the fixed procedure of SPEC section 4 (REF-1..REF-10) in POSIX sh, as a template for
+# runtime vendors. Contract (CONTRACT.md): run once per worker start, inside the worker's mount
+# namespace, cwd = the jail, with GPUJAIL_JAIL, GPUJAIL_NODE, GPUJAIL_ROLE and
+# NVIDIA_DRIVER_CAPABILITIES set. Exit 0 = this worker's GPU files are ready; non-zero = restart me.
+#
+# How this works: `nvidia-container-cli list` gives the file set; each file maps to where the CLI
+# will mount it in the jail; missing targets get a small non-empty marker with the host file's mode,
+# created under an flock on the shared jail (re-checked under the lock). The CLI then creates
+# nothing, and its failure cleanup (which deletes only 0-byte files) cannot hurt other workers. We
+# verify the CLI's mounts by size instead of trusting its exit code.
+#
+# REF-11 in shell: every write happens after `cd -P` into the target directory and a check that
+# `pwd -P` is inside the jail; the file is then created by a relative name with noclobber (O_EXCL),
+# so a symlink out of the jail is refused. (A C or Python implementation should use openat2 with
+# RESOLVE_IN_ROOT instead; see reference_impl/core.py.)
+set -eu
+
+JAIL=$(cd -P -- "${GPUJAIL_JAIL:-$PWD}" && pwd -P)
+CLI=nvidia-container-cli
+TIMEOUT=${GPUJAIL_LOCK_TIMEOUT:-120}
+LIBDIR=usr/lib/x86_64-linux-gnu
+LIB32DIR=usr/lib/i386-linux-gnu
+FLAG=etc/gpu_libs_installed.flag
+ME=example-shell
+
+die() { # die CODE MESSAGE: one line on stderr, exit codes as reference_impl/core.py EXIT
+    printf '%s: %s\n' "$ME" "$2" >&2
+    exit "$1"
+}
+
+case "${GPUJAIL_ROLE:-gpu-worker}" in
+    gpu-worker) ;;
+    cpu-worker|login) die 2 "role ${GPUJAIL_ROLE}: dummy-library mounts are not part of this template" ;;
+    *) die 2 "GPUJAIL_ROLE: unknown role '${GPUJAIL_ROLE}' (expected gpu-worker, cpu-worker or login)" ;;
+esac
+
+# enter_dir REL [create]: cd into JAIL/REL (creating missing components 0755 when asked), refusing
+# any component that resolves outside the jail.
+enter_dir() {
+    cd -P -- "$JAIL" || return 1
+    old_ifs=$IFS; IFS=/
+    for part in $1; do
+        IFS=$old_ifs
+        [ -n "$part" ] || continue
+        if [ ! -e "$part" ] && [ "${2:-}" = create ]; then
+            mkdir -m 0755 -- "$part" 2>/dev/null || [ -d "$part" ] ||
+                die 8 "cannot create directory $(pwd -P)/$part"
+        fi
+        cd -P -- "$part" 2>/dev/null || return 1
+        case "$(pwd -P)/" in
+            "$JAIL"/*) ;;
+            *) die 7 "$1: component $part resolves to $(pwd -P), outside the jail $JAIL" ;;
+        esac
+    done
+    IFS=$old_ifs
+}
+
+# target HOSTPATH: the jail-relative path the CLI mounts HOSTPATH at (SPEC CLI-3, REF-2).
+target() {
+    base=${1##*/}
+    case "$1" in
+        */i386-linux-gnu/lib*.so*|/usr/lib32/lib*.so*) echo "$LIB32DIR/$base" ;;
+        */lib*/lib*.so*) echo "$LIBDIR/$base" ;;
+        */bin/*|*/sbin/*) echo "usr/bin/$base" ;;
+        *) echo "${1#/}" ;;
+    esac
+}
+
+# REF-1: the file set.
+if ! list=$("$CLI" list 2>/dev/null); then    # on failure, run it again for its error line
+    die 2 "\`$CLI list\` failed: $("$CLI" list 2>&1 >/dev/null | tail -n 1)"
+fi
+[ -n "$list" ] || die 2 "\`$CLI list\` printed no files: is the driver installed?"
+
+# REF-3: which targets are missing (node-local /dev and /run entries exist, so they are skipped).
+missing() {
+    printf '%s\n' "$list" | while IFS= read -r host; do
+        [ -n "$host" ] || continue
+        case "$host" in /*) ;; *) die 2 "\`$CLI list\`: not an absolute path: $host" ;; esac
+        rel=$(target "$host")
+        [ -e "$JAIL/$rel" ] || printf '%s\n' "$host"
+    done
+}
+
+# REF-5: markers for what is still missing, under the lock.
+create_markers() {
+    printf '%s\n' "$1" | while IFS= read -r host; do
+        [ -n "$host" ] || continue
+        rel=$(target "$host")
+        [ -e "$JAIL/$rel" ] && continue            # an earlier lock holder created it
+        mode=$(stat -L -c %a -- "$host" 2>/dev/null) || die 2 "listed host file $host does not exist"
+        dir=${rel%/*}
+        enter_dir "$dir" create || die 7 "cannot enter $JAIL/$dir"
+        ( set -C; printf 'nvidia-placeholder-marker\n' > "./${rel##*/}" ) 2>/dev/null ||
+            [ -e "./${rel##*/}" ] || die 8 "cannot create marker $JAIL/$rel"
+        chmod "$mode" -- "./${rel##*/}" || die 8 "cannot chmod marker $JAIL/$rel"
+    done
+}
+
+todo=$(missing)
+if [ -n "$todo" ]; then                            # REF-4: warm path takes no lock
+    enter_dir etc || die 7 "cannot enter $JAIL/etc"
+    exec 9>>complement_jail_gpu_placeholders.lock || die 8 "cannot open lock $JAIL/etc/complement_jail_gpu_placeholders.lock"
+    flock -w "$TIMEOUT" 9 || die 3 "lock $JAIL/etc/complement_jail_gpu_placeholders.lock not acquired within ${TIMEOUT}s"
+    create_markers "$todo"
+    exec 9>&-
+fi
+cd -P -- "$JAIL"
+
+# REF-6: the CLI, once, with the caller's capabilities and ldconfig deferred.
+mounts_under_jail() { awk -v j="$JAIL/" 'index($5, j) == 1 { print $1 " " $5 }' /proc/self/mountinfo; }
+before=$(mounts_under_jail)
+caps=$(printf '%s' "${NVIDIA_DRIVER_CAPABILITIES:-compute,utility}" | tr ',' '\n' | while read -r c; do
+    case "$c" in
+        all) printf -- '--compute --utility --video --graphics --display --ngx ' ;;
+        compute|compat32|display|graphics|utility|video|ngx) printf -- '--%s ' "$c" ;;
+        '') ;;
+        *) echo "BAD:$c" ;;
+    esac
+done)
+case "$caps" in *BAD:*) die 2 "NVIDIA_DRIVER_CAPABILITIES: unknown capability in '$NVIDIA_DRIVER_CAPABILITIES'" ;; esac
+# shellcheck disable=SC2086  # $caps is a list of flags
+err=$("$CLI" --user --no-pivot configure --no-cgroups --cuda-compat-mode=disabled --ldconfig=/usr/bin/true \
+    --device=all $caps "$JAIL" 2>&1 >/dev/null) || die 4 "\`$CLI configure\` failed: $(printf '%s\n' "$err" | tail -n 1)"
+
+# REF-7: verify, do not trust: every new mount attached and, for files, real content by size.
+new=$(mounts_under_jail | while read -r id point; do
+    printf '%s\n' "$before" | grep -q "^$id " || printf '%b\n' "$point"
+done)
+[ -n "$new" ] || die 5 "the CLI reported success but created no mounts under the jail"
+printf '%s\n' "$new" | while IFS= read -r point; do
+    [ -e "$point" ] || die 5 "$point: mount detached right after configure"
+    if [ -f "$point" ]; then
+        size=$(stat -L -c %s -- "$point")
+        [ "$size" -gt 1024 ] || die 5 "$point: $size bytes through the jail, expected the driver file (> 1024 bytes): a placeholder, not a mount"
+    fi
+done
+
+# REF-8: libnvidia-ml.so.1 must resolve to real content when NVML was mounted.
+soname_ok() { [ -f "$JAIL/$LIBDIR/libnvidia-ml.so.1" ] && [ "$(stat -L -c %s -- "$JAIL/$LIBDIR/libnvidia-ml.so.1")" -gt 1024 ]; }
+if printf '%s\n' "$new" | grep -q '/libnvidia-ml\.so\.[0-9]*\.'; then
+    if ! soname_ok; then
+        enter_dir etc || die 7 "cannot enter $JAIL/etc"
+        exec 8>>complement_jail_ldconfig.lock || die 8 "cannot open $JAIL/etc/complement_jail_ldconfig.lock"
+        flock -w "$TIMEOUT" 8 || die 3 "lock $JAIL/etc/complement_jail_ldconfig.lock not acquired within ${TIMEOUT}s"
+        soname_ok || ldconfig -r "$JAIL" || die 6 "ldconfig -r $JAIL failed"
+        exec 8>&-
+        soname_ok || die 6 "$JAIL/$LIBDIR/libnvidia-ml.so.1 does not resolve to real content even after ldconfig"
+    fi
+fi
+
+# REF-10: the done flag.
+enter_dir etc || die 7 "cannot enter $JAIL/etc"
+: >> gpu_libs_installed.flag || die 8 "cannot touch $JAIL/$FLAG"
+exit 0
