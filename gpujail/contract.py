@@ -78,25 +78,30 @@ class Worker:
 def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker",
                  version: str | None = None, policy: RestartPolicy | None = None,
                  capabilities: str = "compute,utility", env: dict[str, str] | None = None,
-                 timeout: float = 120.0) -> Worker:
+                 timeout: float = 120.0, node_options: dict | None = None) -> Worker:
     """Start a worker and restart it by `policy` until it reports ready or gives up."""
     from fixtures.drivers import DEFAULT_VERSION
     policy = policy or RestartPolicy()
     version = version or (DEFAULT_VERSION if role == "gpu-worker" else None)
     worker = Worker(node_id, role)
+
+    def log(kind: str, **fields) -> None:
+        history.append(fleet.env.get(history.ENV), kind, node=node_id, **fields)
+
     for attempt in range(policy.max_restarts + 1):
         if attempt:
             time.sleep(policy.delay(attempt - 1))
-            history.record("worker.restart", worker=node_id, attempt=attempt)
-        node = fleet.start(node_id, role=role, version=version if role == "gpu-worker" else None)
+            log("worker.restart", attempt=attempt)
+        node = fleet.start(node_id, role=role, version=version if role == "gpu-worker" else None,
+                           **(node_options or {}))
         argv = command_for(impl, str(fleet.jail), node_id, role)
-        history.record("worker.start", worker=node_id, impl=impl, attempt=attempt)
+        log("worker.start", impl=impl, attempt=attempt)
         result = node.run(argv, env=node.contract_env(capabilities, env), timeout=timeout)
         worker.attempts.append(result)
         worker.node = node
         if result.code == 0:
-            history.record("worker.ready", worker=node_id, attempt=attempt)
+            log("worker.ready", attempt=attempt)
             return worker
-        history.record("worker.exit", worker=node_id, code=result.code, error=result.error_line)
+        log("worker.exit", code=result.code, error=result.error_line)
         node.kill()
     return worker

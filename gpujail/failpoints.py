@@ -56,6 +56,7 @@ REGISTRY = {
     "ref.before_marker": "implementation: before creating each marker placeholder",
     "ref.before_unlock": "implementation: markers written, before releasing the lock",
     "ref.before_configure": "implementation: before running `nvidia-container-cli configure`",
+    "ref.before_mount": "direct: before each bind mount it makes itself",
     "ref.before_verify": "implementation: after configure, before verification",
     "ref.before_ready": "implementation: verified, before the done flag and exit 0",
 }

@@ -20,14 +20,22 @@ _fd: int | None = None
 _path: str | None = None
 
 
-def record(kind: str, **fields) -> None:
+def record(kind: str, /, **fields) -> None:
+    """Append an event to this process's history (GPUJAIL_HISTORY), if it has one."""
+    append(os.environ.get(ENV), kind, **fields)
+
+
+def append(path: str | None, kind: str, /, **fields) -> None:
+    """Append an event to the history at `path` (the harness names its run's file explicitly)."""
     global _fd, _path
-    path = os.environ.get(ENV)
     if not path:
         return
     if _fd is None or _path != path:
+        if _fd is not None:
+            os.close(_fd)
         _fd, _path = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644), path
-    event = {"t": time.monotonic(), "node": os.environ.get("GPUJAIL_NODE", "host"), "pid": os.getpid(), "kind": kind}
+    event = {"t": time.monotonic(), "node": fields.pop("node", None) or os.environ.get("GPUJAIL_NODE", "host"),
+             "pid": os.getpid(), "kind": kind}
     event.update(fields)
     os.write(_fd, (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode())
 

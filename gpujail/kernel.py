@@ -19,6 +19,7 @@ import os
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from fixtures import drivers
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CLI_DIR = REPO / "fixtures" / "bin"
 NODE_SETUP_TIMEOUT = 30.0
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpujail-node-spawner")
 
 
 def precondition() -> str | None:
@@ -63,6 +65,7 @@ class Node:
     role: str
     version: str | None
     env: dict[str, str]
+    options: dict = field(default_factory=dict)   # jail_readonly: bool, jail_tmpfs: "80k" (this node only)
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self) -> "Node":
@@ -73,10 +76,13 @@ class Node:
             devices = [(f.path, *f.device) for f in cat if f.kind == "device"]
             socket_path = drivers.PERSISTENCED_SOCKET
         cfg = {"jail": str(self.jail), "driver_tree": tree, "devices": devices, "socket": socket_path,
+               **self.options,
                "env": {k: v for k, v in self.env.items() if k.startswith("GPUJAIL_")}}
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpujail.node", json.dumps(cfg)], cwd=REPO,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONPATH": _pythonpath()})
+        # Spawned from one long-lived thread: the node dies with its parent *thread* (PDEATHSIG),
+        # and a test may start nodes from short-lived threads.
+        self.proc = _SPAWNER.submit(subprocess.Popen, [sys.executable, "-m", "gpujail.node", json.dumps(cfg)],
+                                    cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                    env={**os.environ, "PYTHONPATH": _pythonpath()}).result()
         hello = self._read()
         if not hello.get("ready"):
             self.kill()
@@ -163,8 +169,9 @@ class Fleet:
         self.env = dict(env or {})
         self.nodes: list[Node] = []
 
-    def start(self, node_id: str, role: str = "gpu-worker", version: str | None = drivers.DEFAULT_VERSION) -> Node:
-        node = Node(node_id, self.jail, role, version, {**self.env, "GPUJAIL_NODE": node_id})
+    def start(self, node_id: str, role: str = "gpu-worker", version: str | None = drivers.DEFAULT_VERSION,
+              **options) -> Node:
+        node = Node(node_id, self.jail, role, version, {**self.env, "GPUJAIL_NODE": node_id}, options)
         self.nodes.append(node)
         return node.start()
 

@@ -27,13 +27,14 @@ import errno
 import json
 import os
 import signal
+import shutil
 import socket
 import subprocess
 import sys
 import time
 
 from . import history
-from .sysops import MS_BIND, MS_PRIVATE, MS_REC, RealSys
+from .sysops import MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, RealSys
 
 MS_MOVE = 8192
 
@@ -87,6 +88,17 @@ def build_view(cfg: dict) -> None:
                          f"lowerdir={os.path.join(tree, top)}:{target}")
     sysops.mount("tmpfs", "/run", "tmpfs", 0, "mode=0755")
     _node_dev(cfg)
+    if cfg.get("jail_tmpfs"):
+        # A small file system under the jail (this node only), holding a copy of the jail: for
+        # ENOSPC scenarios. Staged through /run because the tmpfs hides what it is mounted on.
+        stage = "/run/.jail-copy"
+        shutil.copytree(jail, stage, symlinks=True)
+        sysops.mount("tmpfs", jail, "tmpfs", 0, f"size={cfg['jail_tmpfs']},mode=0755")
+        shutil.copytree(stage, jail, symlinks=True, dirs_exist_ok=True)
+        shutil.rmtree(stage)
+    if cfg.get("jail_readonly"):
+        sysops.mount(jail, jail, None, MS_BIND | MS_REC)
+        sysops.remount(jail, MS_RDONLY)
     if cfg.get("socket"):
         path = cfg["socket"]
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -159,7 +171,7 @@ def op_run(req: dict) -> dict:
 
 def probe_one(jail_path: str, host_path: str | None, load: bool, mountpoints: set[str]) -> dict:
     """What a GPU job on this node would see at `jail_path` (runs in a forked child)."""
-    res: dict = {"path": jail_path, "attached": jail_path in mountpoints}
+    res: dict = {"path": jail_path, "attached": os.path.realpath(jail_path) in mountpoints}
     try:
         data = open(jail_path, "rb").read()
         res["size"] = len(data)
@@ -220,6 +232,9 @@ def main() -> None:
     os.environ.update(cfg.get("env", {}))
     inp, out = sys.stdin, sys.stdout
     _die_with_parent()
+    # A worker's usual umask whatever the harness's: the CLI creates placeholders with
+    # `mode & ~umask` and skips them by exact mode (CLI-4), so warm starts must not depend on it.
+    os.umask(0o022)
     cfg["privileged"] = os.getuid() == 0
     try:
         enter_namespaces()

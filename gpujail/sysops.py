@@ -210,13 +210,19 @@ class RealSys:
         pfd, name = self._parent_beneath(root, rel)
         try:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(root, rel))
+                os.fchmod(fd, mode & 0o7777)
+            except OSError:
+                # Never leave a truncated file behind: an empty one is exactly the placeholder a
+                # failing CLI deletes from under other workers' mounts. It is ours, just created.
+                os.unlink(name, dir_fd=pfd)
+                raise
+            finally:
+                os.close(fd)
         finally:
             os.close(pfd)
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, mode & 0o7777)
-        finally:
-            os.close(fd)
 
     def open_lock_beneath(self, root: str, rel: str) -> int:
         """An fd for flock on a lock file beneath root, created if missing."""

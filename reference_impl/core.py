@@ -186,7 +186,11 @@ def make_parents(ctx: Ctx, rel: str) -> None:
             try:
                 ctx.sys.mkdir_beneath(ctx.jail, d, 0o755)
             except FileExistsError:
-                pass   # another process made it between our stat and mkdir: fine, it is a directory
+                # Another worker made it between our stat and mkdir (fine), or the name is a
+                # symlink that leads nowhere inside the jail (hostile: refuse).
+                if _stat_beneath(ctx, d) is None:
+                    raise Fatal("unsafe-jail", f"{ctx.jail}/{d} is a symlink that does not resolve "
+                                               "inside the jail") from None
             except OSError as e:
                 raise Fatal("jail-write-failed", f"cannot create directory {ctx.jail}/{d}: {e.strerror}") from None
         elif not stat.S_ISDIR(st.st_mode):
@@ -299,6 +303,8 @@ def ensure_soname(ctx: Ctx, mounted: list[str]) -> None:
 
 def mark_done(ctx: Ctx) -> None:
     failpoints.hit("ref.before_ready")
+    if _stat_beneath(ctx, FLAG) is not None:
+        return   # warm start: nothing to write (and a read-only jail stays fine)
     try:
         ctx.sys.touch_beneath(ctx.jail, FLAG)
     except OSError as e:
@@ -406,6 +412,7 @@ def mount_directly(ctx: Ctx, pairs: list[tuple[str, str]]) -> None:
     done: list[str] = []
     try:
         for host_path, rel in pairs:
+            failpoints.hit("ref.before_mount", path=rel)
             flags = REMOUNT.get(rel.split("/", 1)[0], MS_RDONLY | MS_NODEV | MS_NOSUID)
             ctx.sys.bind_mount_beneath(host_path, ctx.jail, rel, flags)
             done.append(rel)

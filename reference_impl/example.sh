@@ -92,16 +92,25 @@ create_markers() {
         mode=$(stat -L -c %a -- "$host" 2>/dev/null) || die 2 "listed host file $host does not exist"
         dir=${rel%/*}
         enter_dir "$dir" create || die 7 "cannot enter $JAIL/$dir"
-        ( set -C; printf 'nvidia-placeholder-marker\n' > "./${rel##*/}" ) 2>/dev/null ||
-            [ -e "./${rel##*/}" ] || die 8 "cannot create marker $JAIL/$rel"
-        chmod "$mode" -- "./${rel##*/}" || die 8 "cannot chmod marker $JAIL/$rel"
+        f=./${rel##*/}
+        if ! ( set -C; printf 'nvidia-placeholder-marker\n' > "$f" ) 2>/dev/null ||
+                [ "$(stat -c %s -- "$f")" -ne 26 ]; then
+            # Never leave a truncated marker: an empty file is what a failing CLI deletes from
+            # under other workers' mounts. Remove it only if it is ours (not a symlink, < 26 bytes).
+            [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %s -- "$f")" -lt 26 ] && rm -f -- "$f"
+            die 8 "cannot create marker $JAIL/$rel: read-only or full jail"
+        fi
+        chmod "$mode" -- "$f" || die 8 "cannot chmod marker $JAIL/$rel"
     done
 }
 
 todo=$(missing)
 if [ -n "$todo" ]; then                            # REF-4: warm path takes no lock
     enter_dir etc || die 7 "cannot enter $JAIL/etc"
-    exec 9>>complement_jail_gpu_placeholders.lock || die 8 "cannot open lock $JAIL/etc/complement_jail_gpu_placeholders.lock"
+    # A failed redirection on `exec` would end the shell with its own message: probe it first.
+    ( : >>complement_jail_gpu_placeholders.lock ) 2>/dev/null ||
+        die 8 "cannot open lock $JAIL/etc/complement_jail_gpu_placeholders.lock: read-only or full jail"
+    exec 9>>complement_jail_gpu_placeholders.lock
     flock -w "$TIMEOUT" 9 || die 3 "lock $JAIL/etc/complement_jail_gpu_placeholders.lock not acquired within ${TIMEOUT}s"
     create_markers "$todo"
     exec 9>&-
@@ -109,9 +118,12 @@ fi
 cd -P -- "$JAIL"
 
 # REF-6: the CLI, once, with the caller's capabilities and ldconfig deferred.
-mounts_under_jail() { awk -v j="$JAIL/" 'index($5, j) == 1 { print $1 " " $5 }' /proc/self/mountinfo; }
+# mountinfo octal-escapes spaces in mount points (\040): compare against the escaped jail path.
+JAIL_ESCAPED=$(printf '%s/' "$JAIL" | sed 's/ /\\040/g')
+# (Passed through the environment: awk -v would turn \040 back into a space.)
+mounts_under_jail() { J=$JAIL_ESCAPED awk 'index($5, ENVIRON["J"]) == 1 { print $1 " " $5 }' /proc/self/mountinfo; }
 before=$(mounts_under_jail)
-caps=$(printf '%s' "${NVIDIA_DRIVER_CAPABILITIES:-compute,utility}" | tr ',' '\n' | while read -r c; do
+caps=$(printf '%s\n' "${NVIDIA_DRIVER_CAPABILITIES:-compute,utility}" | tr ',' '\n' | while read -r c; do
     case "$c" in
         all) printf -- '--compute --utility --video --graphics --display --ngx ' ;;
         compute|compat32|display|graphics|utility|video|ngx) printf -- '--%s ' "$c" ;;
@@ -142,7 +154,8 @@ soname_ok() { [ -f "$JAIL/$LIBDIR/libnvidia-ml.so.1" ] && [ "$(stat -L -c %s -- 
 if printf '%s\n' "$new" | grep -q '/libnvidia-ml\.so\.[0-9]*\.'; then
     if ! soname_ok; then
         enter_dir etc || die 7 "cannot enter $JAIL/etc"
-        exec 8>>complement_jail_ldconfig.lock || die 8 "cannot open $JAIL/etc/complement_jail_ldconfig.lock"
+        ( : >>complement_jail_ldconfig.lock ) 2>/dev/null || die 8 "cannot open $JAIL/etc/complement_jail_ldconfig.lock"
+        exec 8>>complement_jail_ldconfig.lock
         flock -w "$TIMEOUT" 8 || die 3 "lock $JAIL/etc/complement_jail_ldconfig.lock not acquired within ${TIMEOUT}s"
         soname_ok || ldconfig -r "$JAIL" || die 6 "ldconfig -r $JAIL failed"
         exec 8>&-
@@ -152,5 +165,5 @@ fi
 
 # REF-10: the done flag.
 enter_dir etc || die 7 "cannot enter $JAIL/etc"
-: >> gpu_libs_installed.flag || die 8 "cannot touch $JAIL/$FLAG"
+[ -e gpu_libs_installed.flag ] || ( : >> gpu_libs_installed.flag ) 2>/dev/null || die 8 "cannot touch $JAIL/$FLAG"
 exit 0
