@@ -10,6 +10,10 @@ import pytest
 from fixtures.jail import make_jail
 from gpujail import history, kernel
 
+# The suite's plugin (also an installed `pytest11` entry point under the same name, so pytest
+# registers it once either way).
+pytest_plugins = ["conformance.plugin"]
+
 
 @pytest.fixture
 def jail(tmp_path):

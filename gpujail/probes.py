@@ -3,7 +3,7 @@
 How this works
 --------------
 `gpu_files(jail, version, capabilities)` is the oracle: every regular driver file the CLI mounts for
-those capabilities (the CLI's own capability lists in fixtures/fake_cli.py, the driver catalogue in
+those capabilities (the CLI's own capability lists in gpujail/nvc_info.py, the driver catalogue in
 fixtures/drivers.py, destinations per SPEC CLI-3), as `{path, host, load}` requests for
 `Node.probe`, which reads each through the jail path in the worker's namespace, compares the bytes
 with the host file and, for 64-bit libraries, loads it with the real loader (`ctypes.CDLL`).
@@ -13,36 +13,23 @@ from __future__ import annotations
 
 import os
 
-from fixtures import drivers, fake_cli
+from fixtures import drivers
 
-
-def selected_capabilities(capabilities: str) -> set[str]:
-    caps = {c.strip() for c in capabilities.split(",") if c.strip()}
-    if "all" in caps:
-        caps = set(fake_cli.CAPABILITIES) - {"compat32"}
-    if "video" in caps:
-        caps.add("compute")
-    if "display" in caps:
-        caps.add("graphics")
-    return caps
+from . import nvc_info
 
 
 def gpu_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility") -> list[dict]:
-    caps = selected_capabilities(capabilities)
-    libs = {name for c in caps for name in fake_cli.LIBRARIES.get(c, [])}
-    bins = {name for c in caps for name in fake_cli.BINARIES.get(c, [])}
+    """Probe requests for every regular driver file configure mounts for `capabilities`."""
+    caps = nvc_info.capabilities(capabilities)
     jail = str(jail)
     out = []
     for f in drivers.catalogue(version):
+        if not f.on_disk or not nvc_info.selected(f.path, caps):
+            continue
         base = os.path.basename(f.path)
-        if f.kind == "library" and base.split(".so")[0] in libs:
-            out.append({"path": f"{jail}/usr/lib/x86_64-linux-gnu/{base}", "host": f.path, "load": True})
-        elif f.kind == "library32" and "compat32" in caps and base.split(".so")[0] in libs:
-            out.append({"path": f"{jail}/usr/lib/i386-linux-gnu/{base}", "host": f.path, "load": False})
-        elif f.kind == "binary" and base in bins:
-            out.append({"path": f"{jail}/usr/bin/{base}", "host": f.path, "load": False})
-        elif f.kind == "firmware":
-            out.append({"path": jail + f.path, "host": f.path, "load": False})
+        where = {"library": f"/usr/lib/x86_64-linux-gnu/{base}", "library32": f"/usr/lib/i386-linux-gnu/{base}",
+                 "binary": f"/usr/bin/{base}"}.get(f.kind, f.path)
+        out.append({"path": jail + where, "host": f.path, "load": f.kind == "library"})
     return out
 
 

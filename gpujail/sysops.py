@@ -25,7 +25,9 @@ import ctypes.util
 import errno
 import fcntl
 import os
+import signal
 import stat as statmod
+import threading
 import time
 from dataclasses import dataclass
 
@@ -150,19 +152,38 @@ class RealSys:
 
     # -- locks (SPEC K-4) -----------------------------------------------------------------------
     def lock(self, fd: int, timeout: float | None) -> float:
-        """flock(LOCK_EX) with a bounded wait; returns seconds waited, raises LockTimeout."""
+        """flock(LOCK_EX) with a bounded wait, like `flock -w`: a blocking flock interrupted by a
+        timer, so the waiter queues in the kernel (visible in /proc/locks) and wakes the moment
+        the lock is released. Returns seconds waited; raises LockTimeout."""
         start = time.monotonic()
-        delay = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return time.monotonic() - start
-            except BlockingIOError:
-                waited = time.monotonic() - start
-                if timeout is not None and waited >= timeout:
-                    raise LockTimeout(f"lock not acquired within {timeout:g}s") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
+        if timeout is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return time.monotonic() - start
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return 0.0
+        except BlockingIOError:
+            pass
+        if threading.current_thread() is not threading.main_thread():  # timers signal the main thread
+            while time.monotonic() - start < timeout:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return time.monotonic() - start
+                except BlockingIOError:
+                    time.sleep(0.002)
+            raise LockTimeout(f"lock not acquired within {timeout:g}s")
+
+        def expired(signum, frame):
+            raise LockTimeout(f"lock not acquired within {timeout:g}s")
+
+        previous = signal.signal(signal.SIGALRM, expired)
+        signal.setitimer(signal.ITIMER_REAL, max(timeout, 0.001))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        return time.monotonic() - start
 
     def unlock(self, fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)

@@ -406,6 +406,13 @@ def dummy_mounts(ctx: Ctx, dummy: str, predicate=is_placeholder) -> list[str]:
 REMOUNT = {"dev": MS_RDONLY | MS_NOSUID | MS_NOEXEC, "run": MS_NODEV | MS_NOSUID | MS_NOEXEC}
 
 
+def for_capabilities(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The entries configure would mount for the caller's capabilities (direct owns this logic)."""
+    from gpujail import nvc_info
+    caps = nvc_info.capabilities({f.lstrip("-") for f in ctx.cli_flags()})
+    return [(h, t) for h, t in pairs if nvc_info.selected(h, caps)]
+
+
 def mount_directly(ctx: Ctx, pairs: list[tuple[str, str]]) -> None:
     """Bind each host file over its target, read-only with the CLI's flags. On failure undo our own
     mounts only and delete nothing: a marker may already carry another worker's mount."""

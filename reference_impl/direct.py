@@ -11,7 +11,7 @@ def gpu_worker(ctx: core.Ctx) -> None:
     pairs = core.plan(ctx, core.file_set(ctx))
     core.ensure_placeholders(ctx, pairs)
     before = core.jail_mounts(ctx)
-    core.mount_directly(ctx, pairs)
+    core.mount_directly(ctx, core.for_capabilities(ctx, pairs))
     mounted = core.verify(ctx, before)
     core.ensure_soname(ctx, mounted)
     core.mark_done(ctx)

@@ -19,8 +19,12 @@ set -eu
 JAIL=$(cd -P -- "${GPUJAIL_JAIL:-$PWD}" && pwd -P)
 CLI=nvidia-container-cli
 TIMEOUT=${GPUJAIL_LOCK_TIMEOUT:-120}
-LIBDIR=usr/lib/x86_64-linux-gnu
-LIB32DIR=usr/lib/i386-linux-gnu
+# The CLI's library directories (SPEC CLI-3): Debian layout only if the jail says it is Debian.
+if [ -e "$JAIL/etc/debian_version" ]; then
+    LIBDIR=usr/lib/x86_64-linux-gnu LIB32DIR=usr/lib/i386-linux-gnu
+else
+    LIBDIR=usr/lib64 LIB32DIR=usr/lib
+fi
 FLAG=etc/gpu_libs_installed.flag
 ME=example-shell
 

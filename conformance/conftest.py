@@ -1,0 +1,1 @@
+"""Conformance tests run against one implementation (--impl) on one backend (--backend)."""

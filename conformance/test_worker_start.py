@@ -1,0 +1,278 @@
+"""A GPU worker start, black-box through the contract: SPEC REF-1..REF-8 and REF-10.
+
+Each test prepares a jail and nodes, starts the implementation under test (--impl) as workers, and
+judges from outside: exit codes, the one-line error, the jail's files as the host sees them (the
+shared layer under everyone's mounts), and what a GPU job in each worker sees through the jail.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import threading
+import time
+
+import pytest
+
+from conformance.helpers import MARKER_MAX, lost, new_entries, one_line_error, only_whole_markers, start_all, stub_cli
+from fixtures import drivers
+from fixtures import jail as jail_image
+
+pytestmark = pytest.mark.kernel
+LOCK = "etc/complement_jail_gpu_placeholders.lock"
+FLAG = "etc/gpu_libs_installed.flag"
+NVML = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"
+
+
+@pytest.mark.req("REF-10")
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_cold_bring_up(world, n):
+    """n workers start at once on a cold jail: every one becomes ready, and a GPU job in each sees
+    every driver file through the jail (host bytes, loads with the real loader); the flag is set."""
+    for w in start_all(world, n):
+        assert w.ready, f"{w.node_id}: {w.attempts[-1].stderr}"
+        assert lost(w, world.jail) == []
+    assert (world.jail / FLAG).exists()
+
+
+@pytest.mark.req("REF-5")
+def test_no_empty_placeholder_after_cold_start(world):
+    """The fix itself: after a cold start the jail holds no 0-byte placeholder for any driver file,
+    only complete non-empty markers below 64 bytes, with the host file's exact mode, under 0755
+    parents."""
+    before = jail_image.snapshot(world.jail)
+    w = world.start("w")
+    assert w.ready, w.attempts[-1].stderr
+    modes = {drivers.tree_path(f).replace("usr/lib/x86_64-linux-gnu/", "").split("/")[-1]: f.mode
+             for f in drivers.catalogue() if f.on_disk}
+    markers = 0
+    for rel, (mode, size, link) in new_entries(before, world.jail).items():
+        if stat.S_ISDIR(mode):
+            assert stat.S_IMODE(mode) == 0o755, f"{rel}: directory mode {stat.S_IMODE(mode):o}"
+        elif stat.S_ISREG(mode) and os.path.basename(rel) in modes:
+            assert 0 < size < MARKER_MAX, f"{rel}: {size} bytes"
+            assert mode == modes[os.path.basename(rel)], f"{rel}: mode {mode:o}, host {modes[os.path.basename(rel)]:o}"
+            markers += 1
+    assert markers >= 10
+
+
+@pytest.mark.req("REF-4")
+def test_warm_start_takes_no_lock_and_creates_nothing(world):
+    """On a fully populated jail a start creates nothing and does not wait for the placeholder
+    lock: with the lock held by someone else for the whole start, it still becomes ready."""
+    assert world.start("first").ready
+    before = jail_image.snapshot(world.jail)
+    with open(world.jail / LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        warm = world.start("warm", env={"GPUJAIL_LOCK_TIMEOUT": "0.5"})
+    assert warm.ready, warm.attempts[-1].stderr
+    assert lost(warm, world.jail) == []
+    ours = ("etc/ld.so.cache", LOCK)   # the test's own lock file; the cache ldconfig may refresh
+    assert {k: v for k, v in jail_image.snapshot(world.jail).items() if k not in ours} == \
+        {k: v for k, v in before.items() if k not in ours}
+
+
+def _lock_waiters(path) -> int:
+    """How many processes are blocked on an flock of `path` (/proc/locks `->` lines)."""
+    ino = os.stat(path).st_ino
+    with open("/proc/locks") as f:
+        return sum(1 for ln in f if "->" in ln and ln.split()[-3].endswith(f":{ino}"))
+
+
+@pytest.mark.req("REF-5")
+def test_later_lock_holder_rechecks(world):
+    """REF-5 re-check: a worker that queued on the lock while an earlier holder created every
+    marker must find them present under the lock and create nothing (the seed's third e2e path)."""
+    assert world.start("probe-driver").ready    # learn the markers an earlier holder would create
+    created = {rel: v for rel, v in jail_image.snapshot(world.jail).items()}
+    jail2 = world.jail
+    # Remove the markers, hold the lock, let a worker queue on it, then put them back ourselves.
+    markers = [rel for rel, (mode, size, _) in created.items() if stat.S_ISREG(mode) and 0 < size < MARKER_MAX
+               and not rel.startswith("etc/")]
+    saved = {rel: ((jail2 / rel).read_bytes(), os.stat(jail2 / rel).st_mode) for rel in markers}
+    for rel in markers:
+        (jail2 / rel).unlink()
+    result = {}
+    with open(jail2 / LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        t = threading.Thread(target=lambda: result.setdefault("w", world.start("queued")))
+        t.start()
+        deadline = time.monotonic() + 30
+        while _lock_waiters(jail2 / LOCK) == 0 and time.monotonic() < deadline and t.is_alive():
+            time.sleep(0.005)
+        assert _lock_waiters(jail2 / LOCK) == 1, "the worker never queued on the placeholder lock"
+        for rel, (data, mode) in saved.items():
+            (jail2 / rel).write_bytes(data)
+            os.chmod(jail2 / rel, stat.S_IMODE(mode))
+        inodes = {rel: os.stat(jail2 / rel).st_ino for rel in saved}
+        mtimes = {rel: os.stat(jail2 / rel).st_mtime_ns for rel in saved}
+    t.join()
+    assert result["w"].ready, result["w"].attempts[-1].stderr
+    assert {rel: os.stat(jail2 / rel).st_ino for rel in saved} == inodes
+    assert {rel: os.stat(jail2 / rel).st_mtime_ns for rel in saved} == mtimes
+
+
+@pytest.mark.req("REF-5")
+def test_lock_wait_is_bounded(world):
+    """A lock that never frees is fatal after a bounded wait: one line naming the lock, and the jail
+    unchanged (nothing created without the lock)."""
+    before = jail_image.snapshot(world.jail)
+    with open(world.jail / LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        w = world.start("w", env={"GPUJAIL_LOCK_TIMEOUT": "0.3"}, timeout=60)
+    assert not w.ready and w.attempts[-1].code not in (0, "timeout")
+    assert "lock" in one_line_error(w)
+    assert {k: v for k, v in jail_image.snapshot(world.jail).items() if k != LOCK} == \
+        {k: v for k, v in before.items() if k != LOCK}
+
+
+@pytest.mark.req("REF-3")
+def test_node_local_entries_are_skipped(world):
+    """/dev and /run entries resolve to node-local objects, so the shared jail's own dev/ and run/
+    stay empty: no marker is created for a device node or a socket."""
+    assert world.start("w").ready
+    assert os.listdir(world.jail / "dev") == [] and os.listdir(world.jail / "run") == []
+
+
+@pytest.mark.req("REF-1")
+def test_failing_list_is_fatal(world):
+    """A failing `list` is fatal, with its error line, before anything is written."""
+    before = jail_image.snapshot(world.jail)
+    w = world.start("w", env={"GPUJAIL_FAILPOINTS": "cli.before_list=return(EIO)"})
+    assert not w.ready
+    assert "list" in one_line_error(w)
+    assert jail_image.snapshot(world.jail) == before
+
+
+@pytest.mark.req("REF-1")
+@pytest.mark.parametrize("listing", ["", "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15\n",
+                                     "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.999.1.1\n"],
+                         ids=["empty", "relative", "missing-host-file"])
+def test_bad_list_output(world, tmp_path, listing):
+    """An empty list, a relative path, a listed host file that does not exist: one line, non-zero,
+    and nothing but whole markers in the jail."""
+    before = jail_image.snapshot(world.jail)
+    w = world.start("w", env=stub_cli(tmp_path, list_output=listing))
+    assert not w.ready
+    one_line_error(w)
+    only_whole_markers(before, world.jail)
+
+
+@pytest.mark.req("REF-1")
+def test_driver_upgrade_picks_up_new_files(world):
+    """The file set is taken at run time: a node on the newer driver, on a jail populated by the old
+    one, gets markers and mounts for its own files (libnvidia-gpucomp only exists in 570)."""
+    assert world.start("old").ready
+    new = world.start("new", version="570.86.15")
+    assert new.ready, new.attempts[-1].stderr
+    from gpujail.probes import gpu_files, problems
+    assert problems(new.node.probe(gpu_files(world.jail, "570.86.15"))) == []
+    assert (world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.570.86.15").stat().st_size > 0
+
+
+@pytest.mark.req("REF-2")
+def test_non_debian_jail(world):
+    """REF-2 follows the CLI's destinations: without etc/debian_version the CLI mounts libraries in
+    usr/lib64, so that is where the markers must be (else the CLI creates 0-byte files there)."""
+    (world.jail / "etc/debian_version").unlink()
+    (world.jail / "etc/ld.so.conf.d/lib64.conf").write_text("/usr/lib64\n")   # as on RHEL-like images
+    w = world.start("w")
+    assert w.ready, w.attempts[-1].stderr
+    lib = world.jail / "usr/lib64/libnvidia-ml.so.550.54.15"
+    assert 0 < lib.stat().st_size < MARKER_MAX
+
+
+@pytest.mark.req("REF-2")
+def test_jail_path_with_spaces(tmp_path, impl, request):
+    """The jail path may contain spaces; every word stays one argument, and the mount table's
+    escaped form (\\040) is understood."""
+    from conformance.plugin import World
+    from gpujail import kernel
+    if kernel.precondition():
+        pytest.skip(kernel.precondition())
+    jail = jail_image.make_jail(tmp_path / "my jail")
+    (tmp_path / "run/barriers").mkdir(parents=True)
+    with kernel.Fleet(jail, {"GPUJAIL_HISTORY": str(tmp_path / "run/history.jsonl")}) as fleet:
+        w = World(fleet, jail, impl, tmp_path / "run").start("w")
+        assert w.ready, w.attempts[-1].stderr
+        assert lost(w, jail) == []
+
+
+@pytest.mark.req("REF-6")
+def test_capabilities_are_passed(world):
+    """The CLI runs with the caller's capabilities: with `utility` only, NVML is mounted and
+    libcuda is not."""
+    w = world.start("w", capabilities="utility")
+    assert w.ready, w.attempts[-1].stderr
+    mounts = {os.path.basename(m["mountpoint"]) for m in w.node.mounts()}
+    assert "libnvidia-ml.so.550.54.15" in mounts and "libcuda.so.550.54.15" not in mounts
+
+
+@pytest.mark.req("REF-6")
+def test_failing_cli_is_fatal_without_retry(world):
+    """A failing `configure` is fatal (non-zero so the orchestrator restarts the container), with
+    its error in one line, and is not retried in-process."""
+    w = world.start("w", env={"GPUJAIL_FAILPOINTS": "cli.before_mount=return(EIO)"})
+    assert not w.ready
+    assert "input/output error" in one_line_error(w).lower()
+    assert len(world.events("cli.start")) == 1
+
+
+@pytest.mark.req("REF-7")
+def test_no_mounts_is_an_anomaly(world, tmp_path):
+    """A `configure` that exits 0 having mounted nothing must not be trusted, even though every
+    target exists (markers left by an earlier run pass an existence check)."""
+    assert world.start("earlier").ready
+    w = world.start("w", env=stub_cli(tmp_path, configure="exit 0"))
+    assert not w.ready
+    one_line_error(w)
+    assert not world.events("impl.ready", node="w")
+
+
+@pytest.mark.req("REF-7")
+def test_placeholder_sized_mount_is_rejected(world, tmp_path):
+    """A mount that shows placeholder-sized content by path (here: a 26-byte file bound over NVML
+    after a successful configure) fails verification."""
+    snippet = (f'"{os.path.abspath("fixtures/bin/nvidia-container-cli")}" "$@" || exit $?; '
+               'printf "nvidia-placeholder-marker\\n" > /run/small; '
+               f'mount --bind /run/small "$GPUJAIL_JAIL/{NVML}"; exit 0')
+    w = world.start("w", env=stub_cli(tmp_path, configure=snippet))
+    assert not w.ready
+    assert "libnvidia-ml" in one_line_error(w)
+
+
+@pytest.mark.req("REF-8")
+def test_soname_is_repaired(world):
+    """libnvidia-ml.so.1 must resolve to real content: a worker repairs a missing soname link
+    (ldconfig on the jail) and a GPU job then loads NVML by its soname."""
+    assert world.start("first").ready
+    link = world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    if os.path.lexists(link):
+        link.unlink()
+    w = world.start("w")
+    assert w.ready, w.attempts[-1].stderr
+    [r] = w.node.probe([{"path": str(link), "load": True}])
+    assert r["loader"] == "ok" and r["size"] > 1024
+
+
+@pytest.mark.req("REF-8")
+def test_soname_unrepairable_is_fatal(world, tmp_path):
+    """When ldconfig cannot make libnvidia-ml.so.1 (an ldconfig that does nothing), the start fails
+    with one line instead of reporting ready."""
+    d = tmp_path / "noop-ldconfig"
+    d.mkdir()
+    (d / "ldconfig").write_text("#!/bin/sh\nexit 0\n")
+    (d / "ldconfig").chmod(0o755)
+    env = stub_cli(tmp_path)
+    env["PATH"] = f"{d}:{env['PATH']}"
+    w = world.start("w", env=env)
+    assert not w.ready
+    assert "libnvidia-ml.so.1" in one_line_error(w)
+
+
+@pytest.mark.req("REF-10")
+def test_no_flag_on_failure(world):
+    """The done flag is touched only by a worker that passed verification."""
+    w = world.start("w", env={"GPUJAIL_FAILPOINTS": "cli.before_list=return(EIO)"})
+    assert not w.ready
+    assert not (world.jail / FLAG).exists()
