@@ -276,3 +276,29 @@ def test_no_flag_on_failure(world):
     w = world.start("w", env={"GPUJAIL_FAILPOINTS": "cli.before_list=return(EIO)"})
     assert not w.ready
     assert not (world.jail / FLAG).exists()
+
+
+@pytest.mark.req("REF-5")
+def test_read_only_jail(world):
+    """A read-only jail: a cold start fails with one line naming the path (it cannot create its
+    markers); a warm start (everything present, flag set) works, since nothing needs writing."""
+    cold = world.start("ro-cold", node_options={"jail_readonly": True})
+    assert not cold.ready
+    one_line_error(cold)
+    assert world.start("rw").ready
+    warm = world.start("ro-warm", node_options={"jail_readonly": True})
+    assert warm.ready, warm.attempts[-1].stderr
+    assert lost(warm, world.jail) == []
+
+
+@pytest.mark.req("REF-5")
+def test_full_jail_leaves_no_truncated_placeholder(world):
+    """ENOSPC (a small tmpfs under this node's jail): one line, non-zero, and no truncated
+    placeholder left behind (an empty one is what a failing CLI deletes from under mounts)."""
+    from gpujail.contract import command_for
+    node = world.node("full", jail_tmpfs="80k")
+    r = node.run(command_for(world.impl, str(world.jail), "full", "gpu-worker"))
+    assert r.code != 0
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
+    listing = node.run(["find", str(world.jail / "usr"), "-type", "f", "-printf", "%s %p\\n"]).stdout
+    assert [ln for ln in listing.splitlines() if int(ln.split()[0]) == 0] == []

@@ -112,7 +112,9 @@ def parse(spec: str) -> dict[str, Failpoint]:
                 raise FailpointSpecError(f"{where}: {action} needs an argument")
             if action == "sleep" and not arg.isdigit():
                 raise FailpointSpecError(f"{where}: sleep takes milliseconds, got {arg!r}")
-            if action == "return" and not (arg.startswith('"') or hasattr(errno, arg)):
+            if action == "pause" and not os.environ.get(BARRIERS_ENV):
+                raise FailpointSpecError(f"{where}: pause needs {BARRIERS_ENV} to name a barrier directory")
+            if action == "return" and not (arg.startswith('"') or isinstance(getattr(errno, arg, None), int)):
                 raise FailpointSpecError(f"{where}: return takes an errno name or a quoted message, got {arg!r}")
             terms.append(Term(action, arg, int(m["count"]) if m["count"] else None,
                               float(m["pct"]) if m["pct"] else None))

@@ -68,7 +68,7 @@ class Node:
     options: dict = field(default_factory=dict)   # jail_readonly: bool, jail_tmpfs: "80k" (this node only)
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
-    def start(self) -> "Node":
+    def start(self) -> Node:
         devices, socket_path, tree = [], None, None
         if self.role == "gpu-worker":
             tree = str(drivers.materialise(self.version))
@@ -175,7 +175,7 @@ class Fleet:
         self.nodes.append(node)
         return node.start()
 
-    def __enter__(self) -> "Fleet":
+    def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -26,8 +26,8 @@ import ctypes
 import errno
 import json
 import os
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys

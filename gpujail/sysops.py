@@ -105,6 +105,10 @@ class RealSys:
     def readlink(self, path: str) -> str:
         return os.readlink(path)
 
+    def realpath(self, path: str) -> str:
+        """Resolve every symlink the way the host kernel would (not confined to any root)."""
+        return os.path.realpath(path)
+
     def symlink(self, target: str, path: str) -> None:
         os.symlink(target, path)
 
@@ -133,7 +137,7 @@ class RealSys:
 
     # -- mounts ---------------------------------------------------------------------------------
     def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-        enc = lambda s: None if s is None else s.encode()  # noqa: E731
+        enc = lambda s: None if s is None else s.encode()
         _check(_libc.mount(enc(source), target.encode(), enc(fstype), flags, enc(data)), "mount", target)
 
     def bind_mount(self, source: str, target: str) -> None:

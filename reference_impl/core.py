@@ -66,7 +66,7 @@ class Ctx:
     created: list[str] = field(default_factory=list)   # markers this run created (jail-relative)
 
     @classmethod
-    def from_env(cls, sysops, name: str) -> "Ctx":
+    def from_env(cls, sysops, name: str) -> Ctx:
         jail = os.environ.get("GPUJAIL_JAIL") or os.getcwd()
         return cls(sysops, os.path.abspath(jail), os.environ.get("GPUJAIL_NODE", "?"),
                    os.environ.get("GPUJAIL_ROLE", "gpu-worker"),
@@ -136,9 +136,24 @@ def _stat_beneath(ctx: Ctx, rel: str):
 
 
 def plan(ctx: Ctx, host_paths: list[str]) -> list[tuple[str, str]]:
-    """(host path, jail-relative target) pairs."""
+    """(host path, jail-relative target) pairs, each checked to stay inside the jail."""
     debian = is_debian(ctx)
-    return [(p, target(p, debian)) for p in host_paths]
+    pairs = [(p, target(p, debian)) for p in host_paths]
+    root = ctx.sys.realpath(ctx.jail)
+    for _, rel in pairs:
+        stays_inside(ctx, root, rel)
+    return pairs
+
+
+def stays_inside(ctx: Ctx, root: str, rel: str) -> None:
+    """REF-11 where the CLI is involved: our own writes resolve beneath the jail (openat2), but the
+    CLI resolves its targets on the host (firmware by a plain join, `stat` and `mkdir` following
+    symlinks), so a jail symlink that leads out (absolute, or `..`) would make *the CLI* write
+    outside. Refuse such a jail before anything runs."""
+    real = ctx.sys.realpath(os.path.join(ctx.jail, rel))
+    if real != root and not real.startswith(root + "/"):
+        raise Fatal("unsafe-jail", f"{ctx.jail}/{rel} resolves to {real}, outside the jail: "
+                                   "refusing (nvidia-container-cli would follow it)")
 
 
 # -- REF-3..5: markers under the lock ----------------------------------------------------------
@@ -154,7 +169,7 @@ class JailLock:
     def __init__(self, ctx: Ctx, rel: str = LOCK):
         self.ctx, self.rel, self.fd = ctx, rel, None
 
-    def __enter__(self) -> "JailLock":
+    def __enter__(self) -> JailLock:
         ctx = self.ctx
         try:
             self.fd = ctx.sys.open_lock_beneath(ctx.jail, self.rel)
@@ -373,7 +388,7 @@ def populate_cleanup(ctx: Ctx, predicate=is_placeholder) -> list[str]:
 
 def dummy_library(directory: str = "/run/gpujail") -> str:
     """A loadable stand-in library on node-local storage (/run is per-node: tmpfs in a container)."""
-    from fixtures.elf import shared_object   # the one ELF writer of the project
+    from fixtures.elf import shared_object  # the one ELF writer of the project
     path = os.path.join(directory, "libdummy.so")
     if not os.path.exists(path):
         os.makedirs(directory, exist_ok=True)

@@ -77,6 +77,13 @@ if ! list=$("$CLI" list 2>/dev/null); then    # on failure, run it again for its
 fi
 [ -n "$list" ] || die 2 "\`$CLI list\` printed no files: is the driver installed?"
 
+# REF-11: the CLI resolves targets on the host (following symlinks), so refuse a jail where any
+# target resolves outside it (an absolute or `..` symlink), before anything runs. One realpath call.
+outside=$(printf '%s\n' "$list" | while IFS= read -r host; do
+    [ -n "$host" ] && printf '%s/%s\n' "$JAIL" "$(target "$host")"
+done | xargs -d '\n' realpath -m -- | grep -v -e "^$JAIL/" -e "^$JAIL\$" | head -n 1) || true
+[ -z "$outside" ] || die 7 "a target resolves to $outside, outside the jail $JAIL: refusing (the CLI would follow it)"
+
 # REF-3: which targets are missing (node-local /dev and /run entries exist, so they are skipped).
 missing() {
     printf '%s\n' "$list" | while IFS= read -r host; do

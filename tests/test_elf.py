@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fixtures.elf import executable_script, read_soname, shared_object  # noqa: E402
+from fixtures.elf import executable_script, read_soname, shared_object
 
 VERSION = "550.54.15"
 

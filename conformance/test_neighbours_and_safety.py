@@ -1,0 +1,97 @@
+"""Workers side by side, hostile jails, and what CPU workers and login nodes do: SPEC REF-5 (as
+seen by a neighbour), REF-9 and REF-11, black-box through the contract.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from conformance.helpers import lost, one_line_error
+from gpujail.contract import BUNDLED
+from gpujail.failpoints import Barrier
+
+pytestmark = pytest.mark.kernel
+LIB = "usr/lib/x86_64-linux-gnu"
+
+
+@pytest.mark.req("REF-5", "CLI-6", "K-1")
+def test_failing_neighbour_costs_nothing(world):
+    """Seed 000, second half: worker A is ready; worker B's start fails after B mounted 10 files
+    (its CLI's cleanup, or its own mount step, fails). A must keep every driver file: markers are
+    not empty, so the CLI cleanup leaves them and A's mounts stay attached."""
+    a = world.start("A")
+    assert a.ready and lost(a, world.jail) == []
+    failing = "cli.before_mount=10*off->return(EIO);ref.before_mount=10*off->return(EIO)"
+    b = world.start("B", env={"GPUJAIL_FAILPOINTS": failing})
+    assert not b.ready
+    assert world.events("failpoint", action="return"), "the injected failure never fired"
+    assert lost(a, world.jail) == []
+
+
+@pytest.mark.req("REF-11")
+@pytest.mark.parametrize("link", ["absolute", "dotdot", "absolute-also-in-jail"])
+def test_hostile_symlink_parent(world, tmp_path, link):
+    """The jail's firmware directory is a symlink pointing out of the jail: an absolute path, a
+    `..` escape, or an absolute path that *also* exists inside the jail (like `/etc`: resolved
+    inside the jail it looks harmless, but the CLI resolves it on the host). Nothing may be written
+    outside the jail: the implementation refuses with one line, or resolves inside and stays there.
+    (The test points the link at a directory of its own, never at the host's /etc: an unsafe
+    implementation would write there.)"""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = {"absolute": str(outside), "dotdot": "../../../../outside", "absolute-also-in-jail": str(outside)}[link]
+    if link == "absolute-also-in-jail":
+        (world.jail / str(outside).lstrip("/")).mkdir(parents=True)
+    (world.jail / "usr/lib/firmware").mkdir(parents=True)
+    os.symlink(target, world.jail / "usr/lib/firmware/nvidia")
+    w = world.start("w")
+    assert os.listdir(outside) == []
+    if not w.ready:
+        one_line_error(w)
+
+
+@pytest.mark.req("REF-11")
+def test_symlink_swapped_in_during_run(world, tmp_path, impl):
+    """While the lock holder creates markers, the library directory it is writing into is replaced
+    by a symlink out of the jail; the remaining markers must still land inside the jail. The swap is
+    timed with the `ref.before_marker` failpoint, which only the bundled implementations have."""
+    if impl not in BUNDLED or impl in ("legacy", "example-shell"):
+        pytest.skip(f"needs the ref.before_marker failpoint, which {impl!r} does not implement")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    result = {}
+    env = {"GPUJAIL_FAILPOINTS": "ref.before_marker=5*off->1*pause(swap)"}
+    t = threading.Thread(target=lambda: result.setdefault("w", world.start("w", env=env)))
+    t.start()
+    barrier = Barrier("swap", world.barriers)
+    barrier.wait_arrivals(1)
+    os.rename(world.jail / LIB, world.jail / "usr/lib/moved-away")
+    os.symlink(str(outside), world.jail / LIB)
+    barrier.release()
+    t.join()
+    assert os.listdir(outside) == []
+
+
+@pytest.mark.req("REF-9")
+@pytest.mark.parametrize("role", ["cpu-worker", "login"])
+def test_dummy_library_over_placeholders(world, role):
+    """CPU workers and login nodes: before the GPU flag exists they mount nothing; after it, a
+    loadable dummy library covers each placeholder in their own namespace, while the image's own
+    small files (the 31-byte ncurses linker script, 8-byte stub archives) are left alone, and the
+    GPU workers are not disturbed."""
+    early = world.start("early", role=role)
+    assert early.ready, early.attempts[-1].stderr
+    assert early.node.mounts(str(world.jail / "usr")) == []
+    gpu = world.start("gpu")
+    assert gpu.ready
+    cpu = world.start("cpu", role=role)
+    assert cpu.ready, cpu.attempts[-1].stderr
+    lib = world.jail / LIB
+    nvml, ncurses, stub = cpu.node.probe([{"path": str(lib / "libnvidia-ml.so.550.54.15"), "load": True},
+                                          {"path": str(lib / "libncurses.so")}, {"path": str(lib / "libpthread.a")}])
+    assert nvml["attached"] and nvml["loader"] == "ok"
+    assert not ncurses["attached"] and ncurses["size"] == 31
+    assert not stub["attached"] and stub["size"] == 8
+    assert lost(gpu, world.jail) == []

@@ -1,0 +1,73 @@
+"""The contract runner and the reference implementation's own pieces (issue 3).
+
+The black-box checks of every implementation live in conformance/ and run once per bundled
+implementation (./run-tests); these are the parts that are not black-box: the command-string
+contract, the restart policy, and the populate-jail cleanup of a reused jail (REF-9), which is not
+part of the worker contract.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpujail.contract import RestartPolicy, UnknownImplementation, command_for, start_worker
+from reference_impl import core
+
+pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
+
+
+def events(fleet, kind, **match):
+    return [e for e in fleet.history() if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+
+def reused_jail(jail):
+    """A jail left by an earlier cluster: markers, old 0-byte placeholders, the flag, and the
+    image's own small files."""
+    lib = jail / "usr/lib/x86_64-linux-gnu"
+    (lib / "libcuda.so.550.54.15").write_bytes(core.MARKER)
+    (lib / "libnvidia-ml.so.550.54.15").write_bytes(b"")
+    (lib / "libempty-but-not-ours.a").write_bytes(b"")
+    (jail / core.FLAG).touch()
+
+
+@pytest.mark.parametrize("impl,removed,kept", [
+    ("reference", ["libcuda.so.550.54.15", "libnvidia-ml.so.550.54.15"],
+     ["libncurses.so", "libpthread.a", "libgpujail-example.so.1.2.3", "libgpujail-example.so.1", "libempty-but-not-ours.a"]),
+    ("legacy", ["libnvidia-ml.so.550.54.15", "libempty-but-not-ours.a"], ["libcuda.so.550.54.15", "libncurses.so"]),
+])
+def test_populate_cleanup(fleet, jail, impl, removed, kept):
+    """REF-9: the populate-jail cleanup removes placeholders (lib*.so.* < 64 bytes: old 0-byte and
+    new markers) and the flag, and leaves the ncurses linker script, stub archives and real
+    libraries alone. `legacy`'s "empty file" predicate misses markers and eats other empty files."""
+    reused_jail(jail)
+    node = fleet.start("populate", role="cpu-worker", version=None)
+    r = node.run(command_for(impl, str(jail), "populate", "cpu-worker") + ["populate-cleanup"])
+    assert r.code == 0, r.stderr
+    lib = jail / "usr/lib/x86_64-linux-gnu"
+    for name in removed:
+        assert not os.path.lexists(lib / name), name
+    for name in kept:
+        assert os.path.lexists(lib / name), name
+    assert not (jail / core.FLAG).exists() or impl == "legacy"
+
+
+def test_command_strings_and_placeholders(jail):
+    """SPEC 5: {jail} {node} {role} are substituted per word; bundled names resolve; a missing
+    command is refused with its path."""
+    argv = command_for("bash vendor.sh -j {jail} --node={node} {role}", "/my jail", "n1", "login")
+    assert argv == ["bash", "vendor.sh", "-j", "/my jail", "--node=n1", "login"]
+    assert command_for("reference", "/j", "n", "r")[-1] == "reference"
+    with pytest.raises(UnknownImplementation, match="/no/such/script"):
+        command_for("/no/such/script {jail}", "/j", "n", "r")
+
+
+def test_restart_policy(fleet, jail, tmp_path):
+    """An implementation that fails twice then succeeds is restarted in a fresh node each time
+    (new mount namespace), with backoff, and reported ready on the third attempt."""
+    counter = tmp_path / "attempts"
+    cmd = f"sh -c 'n=$(cat {counter} 2>/dev/null || echo 0); echo $((n+1)) > {counter}; [ $n -ge 2 ]'"
+    w = start_worker(fleet, "flaky", cmd, policy=RestartPolicy(max_restarts=3, backoff=0.01))
+    assert w.ready and [a.code for a in w.attempts] == [1, 1, 0]
+    assert len(events(fleet, "worker.restart")) == 2
+    assert len(events(fleet, "node.up")) == 3
