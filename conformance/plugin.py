@@ -19,6 +19,7 @@ group; each is also an ini key and an environment variable (command line > envir
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import tomllib
@@ -119,9 +120,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _match(nodeid: str, table: dict) -> str | None:
-    """An expectations key names a test by node id suffix, with or without its parameters."""
+    """An expectations key names tests by node id suffix, with or without their parameters, and
+    may use shell wildcards (`test_scenario[cold-race-random-*]`)."""
     for key, reason in table.items():
-        if nodeid.endswith(key) or nodeid.split("[")[0].endswith(key):
+        if nodeid.endswith(key) or nodeid.split("[")[0].endswith(key) or fnmatch.fnmatchcase(nodeid, "*" + key.replace("[", "[[]")):
             return reason
     return None
 

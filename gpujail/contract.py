@@ -78,8 +78,12 @@ class Worker:
 def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker",
                  version: str | None = None, policy: RestartPolicy | None = None,
                  capabilities: str = "compute,utility", env: dict[str, str] | None = None,
-                 timeout: float = 120.0, node_options: dict | None = None) -> Worker:
-    """Start a worker and restart it by `policy` until it reports ready or gives up."""
+                 timeout: float = 120.0, node_options: dict | None = None,
+                 first_attempt_env: dict[str, str] | None = None, on_node=None) -> Worker:
+    """Start a worker and restart it by `policy` until it reports ready or gives up.
+    `first_attempt_env` is added to the first start only (a transient fault); `on_node(node)` is
+    called with each new node (the chaos runner uses it to kill nodes). A node that dies under the
+    implementation (killed) counts as a failed attempt with code "killed"."""
     from fixtures.drivers import DEFAULT_VERSION
     policy = policy or RestartPolicy()
     version = version or (DEFAULT_VERSION if role == "gpu-worker" else None)
@@ -96,7 +100,13 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
                            **(node_options or {}))
         argv = command_for(impl, str(fleet.jail), node_id, role)
         log("worker.start", impl=impl, attempt=attempt)
-        result = node.run(argv, env=node.contract_env(capabilities, env), timeout=timeout)
+        if on_node:
+            on_node(node)
+        extra = {**(env or {}), **((first_attempt_env or {}) if attempt == 0 else {})}
+        try:
+            result = node.run(argv, env=node.contract_env(capabilities, extra), timeout=timeout)
+        except RuntimeError as e:   # the node died under it: killed, as a container can be
+            result = RunResult("killed", "", f"{e}\n", 0.0)
         worker.attempts.append(result)
         worker.node = node
         if result.code == 0:

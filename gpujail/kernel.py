@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +69,7 @@ class Node:
     env: dict[str, str]
     options: dict = field(default_factory=dict)   # jail_readonly: bool, jail_tmpfs: "80k" (this node only)
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    pid1: int | None = None                        # the node's PID 1, as the host sees it
 
     def start(self) -> Node:
         devices, socket_path, tree = [], None, None
@@ -87,6 +90,7 @@ class Node:
         if not hello.get("ready"):
             self.kill()
             raise RuntimeError(f"node {self.node_id}: {hello.get('error', 'did not start')}")
+        self.pid1 = hello["host_pid"]
         return self
 
     def _read(self) -> dict:
@@ -136,10 +140,21 @@ class Node:
         return self.call("mounts", under=under or str(self.jail))["mounts"]
 
     def kill(self) -> None:
+        """SIGKILL the node's PID 1 (the kernel then kills every process in its PID namespace, and
+        the mount namespace goes with the last of them) and wait until it is gone."""
+        if self.pid1:
+            try:
+                os.kill(self.pid1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
         if self.proc:
             self.proc.wait()
+        deadline = time.monotonic() + 5
+        while self.pid1 and _alive(self.pid1) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if self.proc:
             for f in (self.proc.stdin, self.proc.stdout):
                 try:
                     f.close()
@@ -155,6 +170,15 @@ class Node:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (a dead PID 1 may wait for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 def _pythonpath() -> str:

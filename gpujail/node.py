@@ -244,7 +244,9 @@ def main() -> None:
         out.flush()
         sys.exit(3)
     history.record("node.up", pid=os.getpid())
-    out.write(json.dumps({"ready": True, "uid": os.getuid()}) + "\n")
+    # /proc is still the host's procfs, so /proc/self names our pid as the host sees it: the
+    # harness kills PID 1 by it, which takes down every process of the node at once.
+    out.write(json.dumps({"ready": True, "uid": os.getuid(), "host_pid": int(os.readlink("/proc/self"))}) + "\n")
     out.flush()
     serve(inp, out)
 

@@ -1,0 +1,1 @@
+"""Chaos scenarios run against one implementation (--impl) with seeds from --seed."""

@@ -1,0 +1,180 @@
+"""Run one chaos scenario against one implementation on the kernel backend, then judge it.
+
+How this works
+--------------
+The run only records; the checker judges (chaos/checker.py). Choreography:
+
+1. a fresh jail (optionally warmed by one worker, or dressed as a reused jail, or cleaned by the
+   implementation's populate-jail cleanup), snapshotted as `jail_before`;
+2. every worker starts at once, each in its own thread (the thread only waits on a node process),
+   through the contract runner with the scenario's restart policy; the first start of each worker
+   carries its faults (GPUJAIL_FAILPOINTS) from `Scenario.schedule(seed)`;
+3. a barrier keeper releases each named barrier once every GPU worker has either arrived at it or
+   finished, and kills the nodes the scenario says to kill when they arrive (SIGKILL: no cleanup);
+4. a prober keeps asking every ready GPU worker what a GPU job sees through the jail (real loader,
+   bytes compared with the host file), so a detachment is recorded when it happens;
+5. after everyone finished: a last probe round, `jail_after`, the fleet torn down, and a look for
+   residue on the host (mounts, processes).
+
+`run()` returns a `ChaosRun` with the verdict; on a violation it writes `timeline.html` beside the
+history. Shared slots: the jail (everyone), `<run>/barriers/` (CLIs and the keeper), the history
+file (everyone, append-only).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fixtures import jail as jail_image
+from gpujail import history, kernel
+from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
+from gpujail.failpoints import Barrier
+from gpujail.probes import gpu_files
+
+from . import checker, timeline
+from .scenario import Scenario
+
+MARKER = b"nvidia-placeholder-marker\n"
+
+
+@dataclass
+class ChaosRun:
+    scenario: Scenario
+    impl: str
+    seed: int
+    run_dir: Path
+    verdict: checker.Verdict
+    workers: dict[str, Worker] = field(default_factory=dict)
+    timeline: Path | None = None
+
+    @property
+    def history_path(self) -> Path:
+        return self.run_dir / "history.jsonl"
+
+    def report(self) -> str:
+        where = f"\nhistory: {self.history_path}" + (f"\ntimeline: {self.timeline}" if self.timeline else "")
+        return f"scenario {self.scenario.name} against {self.impl} (seed {self.seed}):\n{self.verdict.summary()}{where}"
+
+
+def dress_as_reused(jail: Path) -> None:
+    """What an earlier cluster leaves: markers, old 0-byte placeholders and the flag."""
+    lib = jail / "usr/lib/x86_64-linux-gnu"
+    (lib / "libcuda.so.550.54.15").write_bytes(MARKER)
+    (lib / "libnvidia-ml.so.550.54.15").write_bytes(b"")
+    (jail / "etc/gpu_libs_installed.flag").touch()
+
+
+def host_residue(*needles: str) -> tuple[list[str], list[str]]:
+    """Mounts in the host's namespace and live processes that still mention the run's paths."""
+    with open("/proc/self/mountinfo") as f:
+        mounts = [ln.split()[4] for ln in f if any(n in ln for n in needles)]
+    procs = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(pid) != os.getpid() and any(n in cmd for n in needles):
+            procs.append(f"{pid}: {cmd[:120]}")
+    return mounts, procs
+
+
+def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: float = 120.0) -> ChaosRun:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "barriers").mkdir(exist_ok=True)
+    jail = jail_image.make_jail(run_dir / "jail")
+    hist = str(run_dir / "history.jsonl")
+    env = {"GPUJAIL_HISTORY": hist, "GPUJAIL_BARRIERS": str(run_dir / "barriers"), "GPUJAIL_SEED": str(seed)}
+    log = lambda kind, **f: history.append(hist, kind, node="host", **f)  # noqa: E731
+    policy = RestartPolicy(max_restarts=scenario.max_restarts, backoff=0.02)
+    workers: dict[str, Worker] = {}
+    nodes: dict[str, kernel.Node] = {}
+    with kernel.Fleet(jail, env) as fleet:
+        if scenario.reused_jail:
+            dress_as_reused(jail)
+        if scenario.warm:
+            warm = start_worker(fleet, "prewarm", impl, capabilities=scenario.capabilities)
+            if not warm.ready:
+                raise RuntimeError(f"warming the jail failed: {warm.attempts[-1].error_line}")
+            warm.node.kill()
+        if scenario.populate_cleanup:
+            # The populate-jail job is a cluster job, not part of the worker contract: the bundled
+            # implementations bring their own (legacy's is the buggy "empty file" one); anything
+            # else is paired with the reference's.
+            job = impl if impl in ("reference", "legacy", "direct") else "reference"
+            node = fleet.start("populate", role="cpu-worker", version=None)
+            r = node.run(command_for(job, str(jail), "populate", "cpu-worker") + ["populate-cleanup"])
+            if r.code != 0:
+                raise RuntimeError(f"populate-jail cleanup failed: {r.error_line}")
+            node.kill()
+        before = jail_image.snapshot(jail)
+        schedule = scenario.schedule(seed)
+        log("chaos.begin", scenario=scenario.name, impl=impl, seed=seed, schedule=schedule)
+        for w, spec in schedule.items():
+            log("chaos.fault", worker=w, failpoint=spec.split("=")[0], term=spec)
+
+        def go(wid: str, role: str, version: str | None) -> None:
+            workers[wid] = start_worker(
+                fleet, wid, impl, role=role, version=version, policy=policy, capabilities=scenario.capabilities,
+                first_attempt_env={"GPUJAIL_FAILPOINTS": schedule[wid]} if wid in schedule else None,
+                on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout)
+
+        threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
+        for t in threads.values():
+            t.start()
+        keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log))
+        keeper.start()
+        versions = {w: v for w, _, v in scenario.workers}
+        probes = {w: gpu_files(jail, v, scenario.capabilities) for w, v in versions.items() if v}
+
+        def probe_ready() -> None:
+            for w, worker in list(workers.items()):
+                if worker.ready and w in probes and worker.node.proc.poll() is None:
+                    try:
+                        worker.node.probe(probes[w])
+                    except RuntimeError:
+                        pass
+
+        while any(t.is_alive() for t in threads.values()):
+            probe_ready()
+            time.sleep(scenario.probe_interval)
+        keeper.join()
+        probe_ready()
+        log("chaos.end")
+        after = jail_image.snapshot(jail)
+    mounts, procs = host_residue(str(jail), str(run_dir / "barriers"))
+    final_state = {"jail": str(jail), "transient_only": scenario.transient_only, "max_restarts": scenario.max_restarts,
+                   "jail_before": before, "jail_after": after, "outside_changes": [], "host_mounts": mounts,
+                   "processes": procs, "temp_dirs": []}
+    (run_dir / "final_state.json").write_text(json.dumps(final_state, default=list))
+    verdict = checker.check(history.load(hist), final_state)
+    result = ChaosRun(scenario, impl, seed, run_dir, verdict, workers)
+    if verdict.valid is not True:
+        result.timeline = timeline.render(history.load(hist), verdict, run_dir / "timeline.html")
+    return result
+
+
+def _keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict, log) -> None:
+    """Release each barrier once every GPU worker arrived or finished; kill who must die there."""
+    gpu = [w for w, role, _ in scenario.workers if role == "gpu-worker"]
+    pending = {name: Barrier(name, str(run_dir / "barriers")) for name in scenario.barriers}
+    kills = {(k.worker, k.barrier) for k in scenario.kills}
+    while pending:
+        for name, barrier in list(pending.items()):
+            arrived = {f.split(".")[2] for f in os.listdir(barrier.dir) if f.startswith(f"{name}.arrived.")}
+            for w in arrived:
+                if (w, name) in kills and w in nodes:
+                    kills.discard((w, name))
+                    log("chaos.kill", worker=w, barrier=name)
+                    nodes[w].kill()
+            finished = {w for w in gpu if not threads[w].is_alive()}
+            if len(arrived | finished) >= len(gpu) or all(not threads[w].is_alive() for w in gpu):
+                barrier.release()
+                log("chaos.release", barrier=name, arrived=sorted(arrived))
+                del pending[name]
+        time.sleep(0.002)

@@ -1,0 +1,147 @@
+"""Chaos scenarios as data: who runs, on which driver, which faults hit whom, and the seed.
+
+How this works
+--------------
+A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner):
+
+    name = "cold-race"
+    description = "8 GPU workers start at once on a cold jail; every CLI pauses at its first mkdir"
+    gpu_workers = 8            # also cpu_workers, login_nodes
+    versions = ["550.54.15"]   # cycled over the GPU workers (a driver upgrade mixes two)
+    warm = false               # true: one worker populates the jail before the run
+    reused_jail = false        # true: the jail holds markers, 0-byte placeholders and the flag of an earlier cluster
+    populate_cleanup = false   # true: run the implementation's populate-jail cleanup first
+    max_restarts = 3
+    transient_only = true      # INV-2 applies: every worker must end ready
+    [[barriers]]               # released when every worker has arrived or finished
+    name = "race"
+    [[faults]]                 # GPUJAIL_FAILPOINTS terms for one worker's first start (or "*": all)
+    worker = "*"
+    failpoint = "cli.before_mkdir"
+    term = "1*pause(race)"
+    [[kills]]                  # kill a worker's node (SIGKILL: no cleanup) once it reaches a barrier
+    worker = "w1"
+    barrier = "hold"
+
+`mode = "random"` replaces the fixed schedule by seeded random faults: each GPU worker's first
+start gets `P%sleep(ms)` terms on the CLI's steps and, with probability `fail_rate`, a
+`return(EIO)` after a random number of mounts; the same seed always gives the same schedule
+(`Scenario.schedule(seed)`), so a failing run is replayed exactly from its seed.
+"""
+from __future__ import annotations
+
+import random
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpujail.failpoints import REGISTRY
+
+DIR = Path(__file__).resolve().parent / "scenarios"
+KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
+        "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
+        "capabilities", "probe_interval", "legacy_breaks"}
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    worker: str        # worker id or "*"
+    failpoint: str
+    term: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    worker: str
+    barrier: str
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str = ""
+    gpu_workers: int = 8
+    cpu_workers: int = 0
+    login_nodes: int = 0
+    versions: list[str] = field(default_factory=lambda: ["550.54.15"])
+    warm: bool = False
+    reused_jail: bool = False
+    populate_cleanup: bool = False
+    max_restarts: int = 3
+    transient_only: bool = True
+    barriers: list[str] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    kills: list[Kill] = field(default_factory=list)
+    mode: str = "deterministic"
+    fail_rate: float = 0.3
+    capabilities: str = "compute,utility"
+    probe_interval: float = 0.02
+    legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
+
+    @property
+    def workers(self) -> list[tuple[str, str, str | None]]:
+        """(worker id, role, driver version) for everyone, GPU workers first."""
+        out = [(f"w{i}", "gpu-worker", self.versions[i % len(self.versions)]) for i in range(self.gpu_workers)]
+        out += [(f"cpu{i}", "cpu-worker", None) for i in range(self.cpu_workers)]
+        out += [(f"login{i}", "login", None) for i in range(self.login_nodes)]
+        return out
+
+    def schedule(self, seed: int) -> dict[str, str]:
+        """GPUJAIL_FAILPOINTS per worker for its first start: the fixed faults, or a seeded random
+        schedule in random mode."""
+        specs: dict[str, list[str]] = {w: [] for w, _, _ in self.workers}
+        for f in self.faults:
+            for w in specs if f.worker == "*" else [f.worker]:
+                specs[w].append(f"{f.failpoint}={f.term}")
+        if self.mode == "random":
+            rng = random.Random(seed)
+            for w, role, _ in self.workers:
+                if role != "gpu-worker":
+                    continue
+                specs[w] += [f"cli.before_mkdir={rng.randint(10, 60)}%sleep({rng.randint(1, 5)})",
+                             f"cli.before_mount={rng.randint(5, 30)}%sleep({rng.randint(1, 3)})"]
+                if rng.random() < self.fail_rate:
+                    specs[w] = [s for s in specs[w] if not s.startswith("cli.before_mount=")]
+                    specs[w].append(f"cli.before_mount={rng.randint(3, 40)}*off->return(EIO)")
+        return {w: ";".join(s) for w, s in specs.items() if s}
+
+
+def load(source: str | Path) -> Scenario:
+    """A scenario by name (chaos/scenarios/NAME.toml) or path; errors name the file and the key."""
+    path = Path(source)
+    if not path.suffix:
+        path = DIR / f"{source}.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such scenario (see `ls {DIR}`)") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{path}: {e}") from None
+    unknown = sorted(set(data) - KEYS)
+    if unknown:
+        raise ScenarioError(f"{path}: unknown key(s) {', '.join(unknown)}")
+    try:
+        faults = [Fault(**f) for f in data.pop("faults", [])]
+        kills = [Kill(**k) for k in data.pop("kills", [])]
+        barriers = [b["name"] for b in data.pop("barriers", [])]
+        scenario = Scenario(faults=faults, kills=kills, barriers=barriers, **data)
+    except (TypeError, KeyError) as e:
+        raise ScenarioError(f"{path}: {e}") from None
+    for f in faults:
+        if f.failpoint not in REGISTRY:
+            raise ScenarioError(f"{path}: fault on unknown failpoint {f.failpoint!r}")
+    if scenario.mode not in ("deterministic", "random"):
+        raise ScenarioError(f"{path}: mode {scenario.mode!r}, expected deterministic or random")
+    ids = {w for w, _, _ in scenario.workers}
+    for who in [f.worker for f in faults if f.worker != "*"] + [k.worker for k in kills]:
+        if who not in ids:
+            raise ScenarioError(f"{path}: no worker {who!r} (workers are {', '.join(sorted(ids))})")
+    return scenario
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in DIR.glob("*.toml"))
