@@ -123,7 +123,8 @@ def _match(nodeid: str, table: dict) -> str | None:
     """An expectations key names tests by node id suffix, with or without their parameters, and
     may use shell wildcards (`test_scenario[cold-race-random-*]`)."""
     for key, reason in table.items():
-        if nodeid.endswith(key) or nodeid.split("[")[0].endswith(key) or fnmatch.fnmatchcase(nodeid, "*" + key.replace("[", "[[]")):
+        pattern = "*" + key.replace("[", "[[]")   # `[` opens a character class in fnmatch
+        if nodeid.endswith(key) or nodeid.split("[")[0].endswith(key) or fnmatch.fnmatchcase(nodeid, pattern):
             return reason
     return None
 
