@@ -121,6 +121,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         def go(wid: str, role: str, version: str | None) -> None:
             workers[wid] = start_worker(
                 fleet, wid, impl, role=role, version=version, policy=policy, capabilities=scenario.capabilities,
+                env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
                 first_attempt_env={"GPUJAIL_FAILPOINTS": schedule[wid]} if wid in schedule else None,
                 on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout)
 
@@ -166,14 +167,20 @@ def _keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict
     kills = {(k.worker, k.barrier) for k in scenario.kills}
     while pending:
         for name, barrier in list(pending.items()):
+            killed_here = False
             arrived = {f.split(".")[2] for f in os.listdir(barrier.dir) if f.startswith(f"{name}.arrived.")}
-            for w in arrived:
-                if (w, name) in kills and w in nodes:
-                    kills.discard((w, name))
-                    log("chaos.kill", worker=w, barrier=name)
-                    nodes[w].kill()
+            for w in sorted(arrived):
+                for who in (w, "*"):   # "*": whoever arrives first (e.g. the lock holder)
+                    if (who, name) in kills and w in nodes:
+                        kills.discard((who, name))
+                        log("chaos.kill", worker=w, barrier=name)
+                        nodes[w].kill()
+                        killed_here = True
+                        break
             finished = {w for w in gpu if not threads[w].is_alive()}
-            if len(arrived | finished) >= len(gpu) or all(not threads[w].is_alive() for w in gpu):
+            # A barrier that existed to kill someone opens right after the kill (the others must
+            # not queue behind it); otherwise once every GPU worker arrived or finished.
+            if killed_here or len(arrived | finished) >= len(gpu):
                 barrier.release()
                 log("chaos.release", barrier=name, arrived=sorted(arrived))
                 del pending[name]

@@ -20,7 +20,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     failpoint = "cli.before_mkdir"
     term = "1*pause(race)"
     [[kills]]                  # kill a worker's node (SIGKILL: no cleanup) once it reaches a barrier
-    worker = "w1"
+    worker = "w1"              # or "*": whoever reaches it first
     barrier = "hold"
 
 `mode = "random"` replaces the fixed schedule by seeded random faults: each GPU worker's first
@@ -40,7 +40,7 @@ from gpujail.failpoints import REGISTRY
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
-        "capabilities", "probe_interval", "legacy_breaks"}
+        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout"}
 
 
 class ScenarioError(ValueError):
@@ -80,6 +80,7 @@ class Scenario:
     fail_rate: float = 0.3
     capabilities: str = "compute,utility"
     probe_interval: float = 0.02
+    lock_timeout: float = 30.0   # GPUJAIL_LOCK_TIMEOUT for every start
     legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
 
     @property
@@ -137,7 +138,7 @@ def load(source: str | Path) -> Scenario:
     if scenario.mode not in ("deterministic", "random"):
         raise ScenarioError(f"{path}: mode {scenario.mode!r}, expected deterministic or random")
     ids = {w for w, _, _ in scenario.workers}
-    for who in [f.worker for f in faults if f.worker != "*"] + [k.worker for k in kills]:
+    for who in [f.worker for f in faults if f.worker != "*"] + [k.worker for k in kills if k.worker != "*"]:
         if who not in ids:
             raise ScenarioError(f"{path}: no worker {who!r} (workers are {', '.join(sorted(ids))})")
     return scenario

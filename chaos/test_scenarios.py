@@ -44,4 +44,20 @@ def test_scenario(name, seed_offset, impl, request, tmp_path):
     # test_warm_start_takes_no_lock_and_creates_nothing. Every other UNKNOWN is a failure.
     undecided = [i for i, r in result.verdict.results.items() if r.valid == "unknown" and i != "INV-4"]
     failed = [i for i, r in result.verdict.results.items() if r.valid is False]
+    if failed or undecided:
+        keep_artefacts(result, request)
     assert not failed and not undecided, result.report()
+
+
+def keep_artefacts(result, request) -> None:
+    """A failing run's history, final state and timeline picture go next to the test reports
+    (reports/chaos/<test>/), where CI keeps them and a person opens the timeline."""
+    import re
+    import shutil
+    from pathlib import Path
+    dest = Path(request.config.rootpath) / "reports" / "chaos" / re.sub(r"[^\w.+-]+", "_", request.node.name)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("history.jsonl", "final_state.json", "timeline.html"):
+        if (result.run_dir / name).exists():
+            shutil.copy(result.run_dir / name, dest / name)
+    result.timeline = dest / "timeline.html" if result.timeline else None

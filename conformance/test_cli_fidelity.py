@@ -29,6 +29,7 @@ CONFIGURE = ("configure", "--compute", "--utility", "--device=all", "--ldconfig=
 MARKER = b"gpujail marker, see REF-5\n"      # a non-empty placeholder, as the fix writes (REF-5)
 FILE_MODE = stat.S_IFREG | 0o644             # the host mode of every driver library
 CONTROL_DEVICES = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
+FIRST_FIRMWARE = min(os.path.basename(f.path) for f in drivers.catalogue(VERSION) if f.kind == "firmware")
 assert len(MARKER) == 26
 
 
@@ -76,6 +77,8 @@ BAD_COMMAND_LINES = [   # (argv after the program name, the exact stderr lines);
     (["--user", "1000", "list"], [f"Usage: {MAIN} [OPTION...] COMMAND [ARG...]", _try(MAIN)]),  # optional arg: attached only
     (["list", "extra"], [f"{LIST}: Too many arguments", _try(LIST)]),
     (["configure", "--frobnicate", "--compute", "{jail}"], [f"{CONF}: unrecognized option '--frobnicate'", _try(CONF)]),
+    (["configure", "--comp", "{jail}"],
+     [f"{CONF}: option '--comp' is ambiguous; possibilities: '--compute' '--compat32'", _try(CONF)]),
     (["configure", "--compute=yes", "{jail}"], [f"{CONF}: option '--compute' doesn't allow an argument", _try(CONF)]),
     (["configure", "--compute", "--ldconfig"], [f"{CONF}: option '--ldconfig' requires an argument", _try(CONF)]),
     (["configure", "--compute"], [f"Usage: {CONF} [OPTION...] ROOTFS", _try(CONF)]),
@@ -146,10 +149,12 @@ def test_list_sections_order_and_options(world):
     assert by["devices"] == CONTROL_DEVICES + ["/dev/nvidia0", "/dev/nvidia1"]
     assert all(p.endswith(f".so.{VERSION}") for p in by["libraries"] + by["libraries32"])
     names = [os.path.basename(p).split(".so.")[0] for p in by["libraries"]]
-    assert names[:2] == ["libnvidia-ml", "libnvidia-cfg"] and names[2] == "libcuda", names
+    utility = [names.index(n) for n in ("libnvidia-ml", "libnvidia-cfg")]
+    compute = [names.index(n) for n in ("libcuda", "libcudadebugger", "libnvidia-opencl", "libnvidia-ptxjitcompiler",
+                                        "libnvidia-nvvm")]
+    assert utility == [0, 1] and max(utility) < min(compute) and compute == sorted(compute), names
     assert by["ipcs"] == ["/run/nvidia-persistenced/socket"]
-    assert by["firmwares"] == sorted(by["firmwares"]) and by["firmwares"][0] == \
-        f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
+    assert by["firmwares"] == sorted(by["firmwares"]) and by["firmwares"][0] == f"/lib/firmware/nvidia/{VERSION}/{FIRST_FIRMWARE}"
 
     def listed(*options: str) -> list[str]:
         r = node.cli("list", *options)
@@ -192,7 +197,7 @@ def test_destinations_in_a_debian_rootfs(world):
     assert {src: destination(world.jail, src) for src in mounted} == mounted
     options = mount_options(node)
     assert all(os.path.realpath(dst) in options for dst in mounted.values())
-    fw = f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
+    fw = f"/lib/firmware/nvidia/{VERSION}/{FIRST_FIRMWARE}"
     assert mounted[fw] == f"{world.jail}{fw}"
     assert f"{world.jail}/usr{fw}" in options
     assert (world.jail / f"usr{fw}").stat().st_size == 0
@@ -269,7 +274,7 @@ def test_mkdir_race_fails_the_losers_with_file_exists(world):
             barrier.release()    # never leave CLIs paused
         results = [run.result() for run in runs]
     assert {e["path"] for e in world.events("failpoint", action="pause")} == {f"{world.jail}/lib/firmware"}
-    leaf = f"{world.jail}/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
+    leaf = f"{world.jail}/lib/firmware/nvidia/{VERSION}/{FIRST_FIRMWARE}"
     assert sorted(r.code for r in results) == [0, 1, 1, 1]
     for r in (r for r in results if r.code):
         assert stderr_lines(r) == [f"nvidia-container-cli: mount error: file creation failed: {leaf}: file exists"]
@@ -313,7 +318,7 @@ def test_cleanup_unmounts_and_unlinks_only_empty_files(world):
     put(cfg, b"")
     node = world.node("a")
     r = configure(node, world.jail, failpoints="cli.before_mkdir=return(EIO)")
-    leaf = f"{world.jail}/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
+    leaf = f"{world.jail}/lib/firmware/nvidia/{VERSION}/{FIRST_FIRMWARE}"
     assert (r.code, stderr_lines(r)) == (
         1, [f"nvidia-container-cli: mount error: file creation failed: {leaf}: input/output error"])
 
@@ -386,11 +391,13 @@ def test_armed_failpoint_fires_on_its_hit_and_is_recorded(world):
     every hit is in the history under the failpoint's name, with its action."""
     node = world.node("a")
     r = configure(node, world.jail, failpoints="cli.before_mount=2*off->return(EIO)")
-    assert (r.code, stderr_lines(r)) == (
-        1, ["nvidia-container-cli: mount error: mount operation failed: /usr/bin/nvidia-persistenced: input/output error"])
     hits = [(e["name"], e["hit"], e["action"]) for e in world.events("failpoint", node="a")]
     assert hits == [("cli.before_mount", 1, "off"), ("cli.before_mount", 2, "off"), ("cli.before_mount", 3, "return")]
-    assert world.events("failpoint", hit=3)[0]["path"] == f"{world.jail}/usr/bin/nvidia-persistenced"
+    third = world.events("failpoint", hit=3)[0]["path"]          # the third binary's target
+    assert os.path.dirname(third) == f"{world.jail}/usr/bin"
+    assert (r.code, stderr_lines(r)) == (1, [f"nvidia-container-cli: mount error: mount operation failed: "
+                                             f"/usr/bin/{os.path.basename(third)}: input/output error"])
+    assert len(world.events("cli.mount", node="a")) == 2
 
 
 @pytest.mark.req("CLI-8")

@@ -38,7 +38,10 @@ def command_for(impl: str, jail: str, node: str, role: str) -> list[str]:
     if impl in BUNDLED:
         return list(BUNDLED[impl])
     if impl.startswith("mutant:"):
-        raise UnknownImplementation(f"unknown mutant {impl!r}: mutants arrive with the mutant catalogue")
+        from reference_impl.mutants import MUTANTS
+        if impl.split(":", 1)[1] not in MUTANTS:
+            raise UnknownImplementation(f"unknown mutant {impl!r}; known: {', '.join(sorted(MUTANTS))}")
+        return [sys.executable, "-m", "reference_impl", impl]
     try:
         words = shlex.split(impl)
     except ValueError as e:

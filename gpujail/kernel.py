@@ -115,7 +115,7 @@ class Node:
         path = os.pathsep.join([str(FAKE_CLI_DIR), os.path.dirname(sys.executable),
                                 "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
         env = {"PATH": path, "HOME": "/root" if os.getuid() == 0 else os.environ.get("HOME", "/"),
-               "LANG": "C.UTF-8", "PYTHONPATH": _pythonpath(), "PYTHONDONTWRITEBYTECODE": "1",
+               "LANG": "C.UTF-8", "PYTHONPATH": _pythonpath(),
                "GPUJAIL_JAIL": str(self.jail), "GPUJAIL_NODE": self.node_id, "GPUJAIL_ROLE": self.role,
                "NVIDIA_DRIVER_CAPABILITIES": capabilities}
         env.update({k: v for k, v in self.env.items()})

@@ -12,10 +12,18 @@ from gpujail.sysops import RealSys
 from . import core, direct, legacy, reference
 
 IMPLEMENTATIONS = {"reference": reference, "legacy": legacy, "direct": direct}
-USAGE = "usage: python -m reference_impl {reference|legacy|direct} [start|populate-cleanup]"
+USAGE = "usage: python -m reference_impl {reference|legacy|direct|mutant:NAME} [start|populate-cleanup]"
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0].startswith("mutant:"):
+        from . import mutants
+        try:
+            mutants.apply(argv[0].split(":", 1)[1])
+        except KeyError as e:
+            print(f"reference_impl: {e.args[0]}", file=sys.stderr)
+            return core.EXIT["bad-input"]
+        argv = ["reference", *argv[1:]]
     if not argv or argv[0] not in IMPLEMENTATIONS or len(argv) > 2 or (argv[1:] or ["start"])[0] not in (
             "start", "populate-cleanup"):
         print(USAGE, file=sys.stderr)

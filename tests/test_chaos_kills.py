@@ -1,0 +1,31 @@
+"""Every chaos scenario must fail against an implementation that has the bug it guards against.
+
+`legacy` shows it for the scenarios listed as strict expected failures in expectations/legacy.toml
+(./run-tests runs them). The scenarios legacy survives by construction (a killed CLI or worker does
+no cleanup; legacy takes no lock) are shown here against the mutant that has their bug.
+"""
+from __future__ import annotations
+
+import pytest
+
+from chaos import runner, scenario
+from gpujail import kernel
+
+pytestmark = pytest.mark.kernel
+
+KILLS = [
+    ("cli-killed", "mutant:cleanup-on-failure", "INV-"),        # its failure path removes placeholders
+    ("worker-killed", "mutant:recreate-markers", "INV-"),       # a restart re-creates placeholders
+    ("lock-holder-killed", "mutant:mkdir-lock", "INV-2"),       # a lock that outlives its holder
+    ("failing-neighbour", "mutant:zero-byte-placeholders", "INV-1"),
+]
+
+
+@pytest.mark.parametrize("name,impl,invariant", KILLS, ids=[f"{s}-vs-{m}" for s, m, _ in KILLS])
+def test_scenario_kills_its_mutant(name, impl, invariant, tmp_path):
+    if kernel.precondition():
+        pytest.skip(kernel.precondition())
+    result = runner.run(scenario.load(name), impl, tmp_path / "run")
+    assert result.verdict.valid is False, f"{name} let {impl} through:\n{result.report()}"
+    assert result.verdict.invariant.startswith(invariant), result.report()
+    assert result.timeline and result.timeline.exists()
