@@ -32,7 +32,6 @@ import re
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 
 from . import history
 
@@ -67,20 +66,22 @@ class FailpointSpecError(ValueError):
     pass
 
 
-@dataclass
 class Term:
-    action: str
-    arg: str | None = None
-    count: int | None = None       # N*: remaining hits this term applies to
-    percent: float | None = None   # P%
+    """One `[N*|P%]action[(arg)]` of a chain. (Plain classes, not dataclasses: the fake CLI starts
+    once per worker start, and every import counts.)"""
+    __slots__ = ("action", "arg", "count", "percent")
+
+    def __init__(self, action: str, arg: str | None = None, count: int | None = None, percent: float | None = None):
+        self.action, self.arg = action, arg
+        self.count = count        # N*: remaining hits this term applies to
+        self.percent = percent    # P%
 
 
-@dataclass
 class Failpoint:
-    name: str
-    terms: list[Term]
-    hits: int = 0
-    rng: random.Random = field(default_factory=random.Random)
+    __slots__ = ("name", "terms", "hits", "rng")
+
+    def __init__(self, name: str, terms: list[Term], rng: random.Random):
+        self.name, self.terms, self.hits, self.rng = name, terms, 0, rng
 
 
 _TERM = re.compile(r"\s*(?:(?P<count>\d+)\*|(?P<pct>\d+(?:\.\d+)?)%)?(?P<action>[a-z]+)(?:\((?P<arg>[^()]*)\))?\s*$")

@@ -208,7 +208,7 @@ def op_probe(req: dict) -> dict:
 
 def op_mounts(req: dict) -> dict:
     under = req.get("under", "/")
-    return {"mounts": [m.__dict__ for m in sysops.mounts() if m.mountpoint.startswith(under)]}
+    return {"mounts": [m._asdict() for m in sysops.mounts() if m.mountpoint.startswith(under)]}
 
 
 OPS = {"run": op_run, "probe": op_probe, "mounts": op_mounts}

@@ -20,8 +20,8 @@ uses it to compute destinations (its `path_resolve_full`), and `reference` to ma
 """
 from __future__ import annotations
 
+import collections
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
@@ -29,9 +29,8 @@ import signal
 import stat as statmod
 import threading
 import time
-from dataclasses import dataclass
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)   # not find_library: it runs ldconfig -p
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
@@ -54,15 +53,8 @@ def _check(ret: int, what: str, path: str) -> None:
         raise OSError(e, f"{what}: {os.strerror(e)}", path)
 
 
-@dataclass(frozen=True)
-class Mount:
-    """One line of /proc/self/mountinfo, the fields the suite looks at."""
-    mount_id: int
-    mountpoint: str
-    root: str
-    fstype: str
-    source: str
-    options: str
+# One line of /proc/self/mountinfo, the fields the suite looks at.
+Mount = collections.namedtuple("Mount", "mount_id mountpoint root fstype source options")
 
 
 def _unescape(field: str) -> str:
@@ -287,7 +279,7 @@ class RealSys:
     # -- sub-steps ------------------------------------------------------------------------------
     def run(self, argv: list[str], timeout: float | None = None) -> tuple[int, str, str]:
         """Run a program (the CLI, ldconfig); returns (exit code, stdout, stderr)."""
-        import subprocess
+        import subprocess   # here, not at the top: most callers never run anything
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
