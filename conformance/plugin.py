@@ -74,7 +74,8 @@ def pytest_configure(config):
         if not value.isdigit():
             raise pytest.UsageError(f"--{name} {value!r}: expected a non-negative integer")
     config._gpujail_expectations = load_expectations(option(config, "expectations"))
-    config._gpujail_results = defaultdict(list)
+    config._gpujail_results = Results()
+    config.pluginmanager.register(config._gpujail_results)
 
 
 def load_expectations(path: str) -> dict:
@@ -129,17 +130,23 @@ def _match(nodeid: str, table: dict) -> str | None:
     return None
 
 
-def pytest_runtest_logreport(report):
-    """Collect one outcome per test (the worst of its phases) for the per-requirement summary."""
-    config = _CONFIG.get("config")
-    if config is None:
-        return
-    ids = dict(report.user_properties).get("requirements", "")
-    if report.when == "call" or report.outcome != "passed":
-        if hasattr(report, "wasxfail"):
-            status = "expected-fail" if report.skipped else "unexpected-pass"
+class Results:
+    """Outcomes per requirement for one session (registered per config, so a nested session, e.g.
+    pytester's, keeps its own). One outcome per test: the worst of its phases."""
+
+    def __init__(self):
+        self.by_requirement = defaultdict(list)
+
+    def pytest_runtest_logreport(self, report):
+        ids = dict(report.user_properties).get("requirements", "")
+        if report.when != "call" and report.outcome == "passed":
+            return
+        if hasattr(report, "wasxfail"):   # skipped: failed as expected; passed: an intermittent passed
+            status = "expected-fail" if report.skipped else "passed-intermittent"
+        elif report.failed and "XPASS(strict)" in report.longreprtext:
+            status = "unexpected-pass"
         else:
-            status = {"passed": "passed", "failed": "failed", "skipped": "skipped"}[report.outcome]
+            status = report.outcome
         reason = ""
         if report.skipped and isinstance(report.longrepr, tuple):
             reason = report.longrepr[2]
@@ -148,15 +155,7 @@ def pytest_runtest_logreport(report):
             reason = (crash.message if crash else report.longreprtext.strip()[-300:]).splitlines()[0][:300]
         entry = {"test": report.nodeid, "status": status, "reason": reason, "duration": round(report.duration, 3)}
         for rid in ids.split(",") if ids else ["(none)"]:
-            config._gpujail_results[rid].append(entry)
-
-
-_CONFIG: dict = {}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session):
-    _CONFIG["config"] = session.config
+            self.by_requirement[rid].append(entry)
 
 
 def pytest_sessionfinish(session):
@@ -166,8 +165,9 @@ def pytest_sessionfinish(session):
         return
     from gpujail import CONTRACT_VERSION
     summary = {}
-    for rid in sorted(config._gpujail_results, key=_req_order):
-        tests = config._gpujail_results[rid]
+    results = config._gpujail_results.by_requirement
+    for rid in sorted(results, key=_req_order):
+        tests = results[rid]
         counts = defaultdict(int)
         for t in tests:
             counts[t["status"]] += 1

@@ -279,7 +279,7 @@ class RealSys:
     # -- sub-steps ------------------------------------------------------------------------------
     def run(self, argv: list[str], timeout: float | None = None) -> tuple[int, str, str]:
         """Run a program (the CLI, ldconfig); returns (exit code, stdout, stderr)."""
-        import subprocess   # here, not at the top: most callers never run anything
+        import subprocess  # here, not at the top: most callers never run anything
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except FileNotFoundError:

@@ -53,10 +53,18 @@ def _under(root: str, path: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def snapshot(*tops: str) -> dict[str, tuple]:
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def snapshot(*tops: str, fs=None) -> dict[str, tuple]:
     """Everything under `tops`, by lstat, never following a symlink: type, permission bits, size,
-    content (regular files) or link target. Two equal snapshots mean byte-identical trees."""
+    content (regular files) or link target. Two equal snapshots mean byte-identical trees. With a
+    pyfakefs `fs`, contents are read past permission checks (trees hold mode-000 files, unreadable
+    to a non-root user)."""
     out: dict[str, tuple] = {}
+    read = (lambda p: fs.get_object(p).byte_contents) if fs else _read
 
     def walk(path: str) -> None:
         try:
@@ -70,8 +78,7 @@ def snapshot(*tops: str) -> dict[str, tuple]:
             for name in sorted(os.listdir(path)):
                 walk(os.path.join(path, name))
         elif stat.S_ISREG(s.st_mode):
-            with open(path, "rb") as f:
-                out[path] = ("file", stat.S_IMODE(s.st_mode), s.st_size, f.read())
+            out[path] = ("file", stat.S_IMODE(s.st_mode), s.st_size, read(path))
         else:
             out[path] = ("other", s.st_mode)
 
@@ -249,9 +256,9 @@ def test_ref9_placeholders_and_populate_cleanup(fs, tree):
         assert stat.S_ISREG(s.st_mode) and not stat.S_ISLNK(s.st_mode)
         assert s.st_size < core.PLACEHOLDER_MAX and LIB_GLOB.fullmatch(os.path.basename(rel))
 
-    before = snapshot("/jail", "/outside")
+    before = snapshot("/jail", "/outside", fs=fs)
     removed = core.populate_cleanup(ctx)
-    after = snapshot("/jail", "/outside")
+    after = snapshot("/jail", "/outside", fs=fs)
     assert removed == want
     gone = {os.path.join("/jail", rel) for rel in want} | {os.path.join("/jail", core.FLAG)}
     assert after == {p: v for p, v in before.items() if p not in gone}
@@ -266,7 +273,7 @@ def test_ref9_predicate_on_every_entry(fs, tree):
     size < 64; the legacy `is_empty_file` differs from it exactly on markers (non-empty lib*.so.*
     below 64 bytes) and on empty files with any other name (linker scripts, archives, ...)."""
     build_fake_jail(fs, tree)
-    for path in snapshot("/jail", "/outside"):
+    for path in snapshot("/jail", "/outside", fs=fs):
         name, s = os.path.basename(path), os.lstat(path)
         regular, named = stat.S_ISREG(s.st_mode), bool(LIB_GLOB.fullmatch(name))
         assert core.is_placeholder(name, s) == (regular and named and s.st_size < 64), path
@@ -736,17 +743,17 @@ def test_cli6_file_remove(fs, top):
     _rm_build(fs, "/jail/dev/top", top)
     gone, keep = set(), set()
     _, error = _rm_oracle("/jail/dev/top", top, gone, keep)
-    outside, before = snapshot("/outside"), snapshot("/jail")
+    outside, before = snapshot("/outside", fs=fs), snapshot("/jail", fs=fs)
 
     try:
         Configure(RealSys(), "/jail").file_remove("/jail/dev/top")
         raised = None
     except OSError as e:
         raised = e
-    after = snapshot("/jail")
+    after = snapshot("/jail", fs=fs)
 
     event("walk error" if error else f"removed {'all' if '/jail/dev/top' in gone else 'some' if gone else 'none'}")
-    assert snapshot("/outside") == outside
+    assert snapshot("/outside", fs=fs) == outside
     assert "/jail/dev" in after
     for path in keep:
         assert after.get(path) == before[path], path
