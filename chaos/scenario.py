@@ -40,7 +40,7 @@ from gpujail.failpoints import REGISTRY
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
-        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout"}
+        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale"}
 
 
 class ScenarioError(ValueError):
@@ -81,6 +81,7 @@ class Scenario:
     capabilities: str = "compute,utility"
     probe_interval: float = 0.02
     lock_timeout: float = 30.0   # GPUJAIL_LOCK_TIMEOUT for every start
+    scale: bool = False          # a big run: opt-in with `-m scale`
     legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
 
     @property

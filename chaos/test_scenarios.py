@@ -7,6 +7,7 @@ the verdict, the causal chain and the paths of the history and the timeline pict
 
 Deterministic scenarios force their bad interleaving with failpoint barriers every time; random
 ones run `RANDOM_SEEDS` seeded schedules starting at --seed, each replayable from its seed.
+Scenarios marked `scale = true` (128 workers) run only when asked for: `-m scale`.
 """
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "IN
 def cases():
     for name in scenario.names():
         sc = scenario.load(name)
+        marks = [pytest.mark.scale] if sc.scale else []
         if sc.mode == "random":
             for i in range(RANDOM_SEEDS):
-                yield pytest.param(name, i, id=f"{name}-seed+{i}")
+                yield pytest.param(name, i, id=f"{name}-seed+{i}", marks=marks)
         else:
-            yield pytest.param(name, 0, id=name)
+            yield pytest.param(name, 0, id=name, marks=marks)
 
 
 @pytest.mark.parametrize("name,seed_offset", list(cases()))

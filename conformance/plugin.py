@@ -66,6 +66,7 @@ def option(config, name: str) -> str:
 def pytest_configure(config):
     config.addinivalue_line("markers", "req(*ids): the SPEC requirement IDs this test checks")
     config.addinivalue_line("markers", "kernel: needs the kernel backend")
+    config.addinivalue_line("markers", "scale: a big run (128 workers); deselected unless `-m scale`")
     backend = option(config, "backend")
     if backend not in BACKENDS:
         raise pytest.UsageError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
@@ -102,6 +103,12 @@ def requirement_ids(item) -> list[str]:
 
 
 def pytest_collection_modifyitems(config, items):
+    # Big runs (128 workers) are opt-in: deselected (and counted as such) unless `-m scale` asks.
+    if "scale" not in (config.getoption("markexpr", "") or ""):
+        big = [i for i in items if i.get_closest_marker("scale")]
+        if big:
+            config.hook.pytest_deselected(items=big)
+            items[:] = [i for i in items if not i.get_closest_marker("scale")]
     exp = config._gpujail_expectations
     for item in items:
         ids = requirement_ids(item)
