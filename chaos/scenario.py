@@ -92,9 +92,15 @@ class Scenario:
         out += [(f"login{i}", "login", None) for i in range(self.login_nodes)]
         return out
 
+    def randomised(self) -> "Scenario":
+        """The same scenario in random mode: its fixed faults plus seeded random timing (and, if
+        the scenario says so, random late CLI failures)."""
+        import dataclasses
+        return dataclasses.replace(self, mode="random", fail_rate=self.fail_rate if self.mode == "random" else 0.0)
+
     def schedule(self, seed: int) -> dict[str, str]:
-        """GPUJAIL_FAILPOINTS per worker for its first start: the fixed faults, or a seeded random
-        schedule in random mode."""
+        """GPUJAIL_FAILPOINTS per worker for its first start: the fixed faults, plus a seeded
+        random schedule in random mode."""
         specs: dict[str, list[str]] = {w: [] for w, _, _ in self.workers}
         for f in self.faults:
             for w in specs if f.worker == "*" else [f.worker]:
@@ -104,11 +110,13 @@ class Scenario:
             for w, role, _ in self.workers:
                 if role != "gpu-worker":
                     continue
-                specs[w] += [f"cli.before_mkdir={rng.randint(10, 60)}%sleep({rng.randint(1, 5)})",
-                             f"cli.before_mount={rng.randint(5, 30)}%sleep({rng.randint(1, 3)})"]
+                taken = {spec.split("=")[0] for spec in specs[w]}   # fixed faults keep their failpoint
+                jitter = {"cli.before_mkdir": f"{rng.randint(10, 60)}%sleep({rng.randint(1, 5)})",
+                          "cli.before_mount": f"{rng.randint(5, 30)}%sleep({rng.randint(1, 3)})",
+                          "ref.before_configure": f"{rng.randint(10, 50)}%sleep({rng.randint(1, 20)})"}
                 if rng.random() < self.fail_rate:
-                    specs[w] = [s for s in specs[w] if not s.startswith("cli.before_mount=")]
-                    specs[w].append(f"cli.before_mount={rng.randint(3, 40)}*off->return(EIO)")
+                    jitter["cli.before_mount"] = f"{rng.randint(3, 40)}*off->return(EIO)"
+                specs[w] += [f"{fp}={term}" for fp, term in jitter.items() if fp not in taken]
         return {w: ";".join(s) for w, s in specs.items() if s}
 
 

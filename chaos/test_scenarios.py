@@ -22,25 +22,29 @@ pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "IN
 
 
 def cases():
+    """Each scenario once as written (deterministic) and once with seeded random timing on top;
+    random-only scenarios with RANDOM_SEEDS seeds."""
     for name in scenario.names():
         sc = scenario.load(name)
         marks = [pytest.mark.scale] if sc.scale else []
         if sc.mode == "random":
             for i in range(RANDOM_SEEDS):
-                yield pytest.param(name, i, id=f"{name}-seed+{i}", marks=marks)
+                yield pytest.param(name, "random", i, id=f"{name}-seed+{i}", marks=marks)
         else:
-            yield pytest.param(name, 0, id=name, marks=marks)
+            yield pytest.param(name, "deterministic", 0, id=name, marks=marks)
+            yield pytest.param(name, "random", 0, id=f"{name}-random-seed+0", marks=marks)
 
 
-@pytest.mark.parametrize("name,seed_offset", list(cases()))
-def test_scenario(name, seed_offset, impl, request, tmp_path):
+@pytest.mark.parametrize("name,mode,seed_offset", list(cases()))
+def test_scenario(name, mode, seed_offset, impl, request, tmp_path):
     reason = kernel.precondition()
     if reason:
         pytest.skip(reason)
     if option(request.config, "backend") != "kernel":
         pytest.skip(f"backend {option(request.config, 'backend')!r} is not available in this build")
     seed = int(option(request.config, "seed")) + seed_offset
-    result = runner.run(scenario.load(name), impl, tmp_path / "run", seed=seed)
+    sc = scenario.load(name)
+    result = runner.run(sc.randomised() if mode == "random" else sc, impl, tmp_path / "run", seed=seed)
     # INV-4 needs the implementation to record its lock activity (the bundled ones do); for an
     # uninstrumented one it stays UNKNOWN here and is checked black-box by the conformance test
     # test_warm_start_takes_no_lock_and_creates_nothing. Every other UNKNOWN is a failure.

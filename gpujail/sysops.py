@@ -73,9 +73,11 @@ def _unescape(field: str) -> str:
 
 def parse_mountinfo(text: str) -> list[Mount]:
     mounts = []
-    for line in text.splitlines():
+    # Split on "\n" and " " only: the kernel escapes just those (and tab, backslash); any other
+    # white space (no-break space, \v, \u2028 ...) is part of a mount point.
+    for line in filter(None, text.split("\n")):
         left, _, right = line.partition(" - ")
-        f, r = left.split(), right.split()
+        f, r = left.split(" "), right.split(" ")
         mounts.append(Mount(int(f[0]), _unescape(f[4]), _unescape(f[3]), r[0], _unescape(r[1]), f[5]))
     return mounts
 
@@ -288,37 +290,39 @@ class RealSys:
 
 
 def resolve_in_root(sys, root: str, path: str) -> str:
-    """Resolve `path` as if `root` were `/` (absolute links and `..` stay inside `root`).
-
-    The last component is resolved too (like stat). Missing components are kept as they are, so the
-    result names where a file *would* be created. Returns an absolute path under `root`.
+    """Resolve `path` as if `root` were `/` (absolute links stay inside `root`), like
+    libnvidia-container's path_resolve_full: a `..` that would climb above the root is an error
+    (EXDEV, "resolves outside of"), and missing components are kept as they are, so the result
+    names where a file *would* be created. The last component is resolved too (like stat).
     """
     root = os.path.abspath(root)
     parts = [p for p in path.split("/") if p not in ("", ".")]
     done: list[str] = []
-    hops, missing = 0, False
+    missing_at = None   # index in `done` of the first missing component: nothing below it is a link
+    hops = 0
     while parts:
         name = parts.pop(0)
         if name == "..":
-            if done:
-                done.pop()
+            if not done:
+                raise OSError(errno.EXDEV, f"{path} resolves outside of {root}", path)
+            done.pop()
+            if missing_at is not None and len(done) <= missing_at:
+                missing_at = None   # back in existing territory: links count again
             continue
         candidate = os.path.join(root, *done, name)
-        try:
-            if missing:  # nothing below a missing name can be a link
-                raise FileNotFoundError
-            st = sys.lstat(candidate)
-        except (FileNotFoundError, NotADirectoryError):
-            missing = True
-            done.append(name)
-            continue
-        if statmod.S_ISLNK(st.st_mode):
+        st = None
+        if missing_at is None:
+            try:
+                st = sys.lstat(candidate)
+            except (FileNotFoundError, NotADirectoryError):
+                missing_at = len(done)
+        if st is not None and statmod.S_ISLNK(st.st_mode):
             hops += 1
             if hops > _MAX_SYMLINKS:
                 raise OSError(errno.ELOOP, "too many levels of symbolic links", candidate)
             target = sys.readlink(candidate)
             if target.startswith("/"):
-                done = []
+                done, missing_at = [], None
             parts = [p for p in target.split("/") if p not in ("", ".")] + parts
             continue
         done.append(name)

@@ -94,7 +94,7 @@ def file_set(ctx: Ctx) -> list[str]:
         last = (err.strip().splitlines() or [f"exit code {code}"])[-1]
         raise Fatal("bad-input", f"`{ctx.cli} list` failed (exit {code}): {last}")
     paths: list[str] = []
-    for n, line in enumerate(out.splitlines(), 1):
+    for n, line in enumerate(out.split("\n"), 1):   # not splitlines(): \x85 or \u2028 may be in a name
         if not line.strip():
             continue
         if not line.startswith("/"):
