@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by ./run-tests and ./run-suites: a virtual environment in .venv with the project installed.
 # Re-installs only when pyproject.toml changed. Needs only python3 (and its venv module) on the host.
 set -eu
@@ -13,7 +14,7 @@ if [ ! -f "$stamp" ]; then
         python3 -m venv "$venv"
     }
     "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-    "$venv/bin/python" -m pip install -q -e "$top[dev]"
+    "$venv/bin/python" -m pip install -q -e "${top}[dev]"
     rm -f "$venv"/.installed-*
     touch "$stamp"
 fi

@@ -1,0 +1,20 @@
+"""Lint as tests: shellcheck on every shell file (the vendor template above all), ruff on Python."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHELL = ["reference_impl/example.sh", "scripts/venv.sh", "run-tests", "run-suites", ".ci/run"]
+
+
+@pytest.mark.parametrize("tool,args", [("shellcheck", SHELL), ("ruff", ["check", "."])], ids=["shellcheck", "ruff"])
+def test_lint_clean(tool, args):
+    exe = shutil.which(tool)
+    if exe is None:
+        pytest.skip(f"{tool} is not installed (pip install -e '.[dev]' brings it)")
+    r = subprocess.run([exe, *args], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
