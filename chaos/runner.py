@@ -116,14 +116,17 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         schedule = scenario.schedule(seed)
         log("chaos.begin", scenario=scenario.name, impl=impl, seed=seed, schedule=schedule)
         for w, spec in schedule.items():
-            log("chaos.fault", worker=w, failpoint=spec.split("=")[0], term=spec)
+            for entry in spec.split(";"):
+                failpoint, _, term = entry.partition("=")
+                log("chaos.fault", worker=w, failpoint=failpoint, term=term)
 
         def go(wid: str, role: str, version: str | None) -> None:
             workers[wid] = start_worker(
                 fleet, wid, impl, role=role, version=version, policy=policy, capabilities=scenario.capabilities,
                 env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
                 first_attempt_env={"GPUJAIL_FAILPOINTS": schedule[wid]} if wid in schedule else None,
-                on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout)
+                on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,
+                node_options={"jail_readonly": True} if scenario.read_only else None)
 
         threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
         for t in threads.values():

@@ -10,6 +10,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     versions = ["550.54.15"]   # cycled over the GPU workers (a driver upgrade mixes two)
     warm = false               # true: one worker populates the jail before the run
     reused_jail = false        # true: the jail holds markers, 0-byte placeholders and the flag of an earlier cluster
+    read_only = false          # true: every worker sees the (warmed) jail read-only
     populate_cleanup = false   # true: run the implementation's populate-jail cleanup first
     max_restarts = 3
     transient_only = true      # INV-2 applies: every worker must end ready
@@ -40,7 +41,7 @@ from gpujail.failpoints import REGISTRY
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
-        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale"}
+        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only"}
 
 
 class ScenarioError(ValueError):
@@ -82,6 +83,7 @@ class Scenario:
     probe_interval: float = 0.02
     lock_timeout: float = 30.0   # GPUJAIL_LOCK_TIMEOUT for every start
     scale: bool = False          # a big run: opt-in with `-m scale`
+    read_only: bool = False      # every worker sees the jail read-only (after warming it)
     legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
 
     @property

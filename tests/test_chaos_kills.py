@@ -18,6 +18,7 @@ KILLS = [
     ("worker-killed", "mutant:recreate-markers", "INV-"),       # a restart re-creates placeholders
     ("lock-holder-killed", "mutant:mkdir-lock", "INV-2"),       # a lock that outlives its holder
     ("failing-neighbour", "mutant:zero-byte-placeholders", "INV-1"),
+    ("read-only-jail", "mutant:recreate-markers", "INV-2"),     # writes on every start
 ]
 
 
