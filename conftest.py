@@ -5,6 +5,8 @@ run in parallel under `pytest -n auto` without sharing a jail, a lock or a temp 
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fixtures.jail import make_jail
@@ -37,3 +39,12 @@ def fleet(jail, run_dir):
     with kernel.Fleet(jail, env) as f:
         f.history = lambda: history.load(env["GPUJAIL_HISTORY"])
         yield f
+
+
+def pytest_configure(config):
+    # CI explores the same Hypothesis examples every run (a red CI is then reproducible); a
+    # developer's run keeps exploring new ones.
+    from hypothesis import settings
+    settings.register_profile("ci", derandomize=True, print_blob=True)
+    if os.environ.get("CI"):
+        settings.load_profile("ci")
