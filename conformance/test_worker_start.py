@@ -17,6 +17,7 @@ import pytest
 from conformance.helpers import MARKER_MAX, lost, new_entries, one_line_error, only_whole_markers, start_all, stub_cli
 from fixtures import drivers
 from fixtures import jail as jail_image
+from gpujail import kernel
 
 pytestmark = pytest.mark.kernel
 LOCK = "etc/complement_jail_gpu_placeholders.lock"
@@ -233,7 +234,7 @@ def test_no_mounts_is_an_anomaly(world, tmp_path):
 def test_placeholder_sized_mount_is_rejected(world, tmp_path):
     """A mount that shows placeholder-sized content by path (here: a 26-byte file bound over NVML
     after a successful configure) fails verification."""
-    snippet = (f'"{os.path.abspath("fixtures/bin/nvidia-container-cli")}" "$@" || exit $?; '
+    snippet = (f'"{kernel.FAKE_CLI_DIR / "nvidia-container-cli"}" "$@" || exit $?; '
                'printf "nvidia-placeholder-marker\\n" > /run/small; '
                f'mount --bind /run/small "$GPUJAIL_JAIL/{NVML}"; exit 0')
     w = world.start("w", env=stub_cli(tmp_path, configure=snippet))
