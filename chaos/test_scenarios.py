@@ -67,3 +67,32 @@ def keep_artefacts(result, request) -> None:
         if (result.run_dir / name).exists():
             shutil.copy(result.run_dir / name, dest / name)
     result.timeline = dest / "timeline.html" if result.timeline else None
+
+
+PER_FILE = ["cli.before_mkdir", "cli.before_create", "cli.before_mount", "cli.after_mount", "cli.after_remount",
+            "cli.before_remove"]
+ONCE = ["cli.before_list", "cli.after_list", "cli.before_ldconfig", "cli.before_exit", "cli.before_cleanup"]
+
+
+@pytest.mark.parametrize("failpoint", PER_FILE + ONCE)
+def test_cli_error_at_every_failpoint(failpoint, impl, request, tmp_path):
+    """SPEC section 7, "CLI error at any failpoint": five workers start on a cold jail and w4's CLI
+    fails at `failpoint` (per-file steps: at the 4th hit, after waiting until the others are
+    ready; once-per-run steps: at once). Nobody may lose a file and everyone converges.
+    (w0 is also made to fail at cli.before_mount, so that cli.before_cleanup/before_remove have a
+    cleanup to interrupt.) Whether a step is reached at all depends on the implementation: with
+    markers in place the CLI creates nothing, so mkdir/create faults never fire there."""
+    if kernel.precondition():
+        pytest.skip(kernel.precondition())
+    term = "3*off->1*pause(late)->return(EIO)" if failpoint in PER_FILE else "return(EIO)"
+    faults = [scenario.Fault("w4", failpoint, term)]
+    if failpoint in ("cli.before_cleanup", "cli.before_remove"):
+        faults.append(scenario.Fault("w4", "cli.before_mount", "8*off->return(EIO)"))
+    sc = scenario.Scenario(name=f"cli-error-at-{failpoint}", gpu_workers=5, max_restarts=2,
+                           barriers=["late"] if failpoint in PER_FILE else [], faults=faults)
+    result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")))
+    failed = [i for i, r in result.verdict.results.items() if r.valid is False]
+    undecided = [i for i, r in result.verdict.results.items() if r.valid == "unknown" and i != "INV-4"]
+    if failed or undecided:
+        keep_artefacts(result, request)
+    assert not failed and not undecided, result.report()
