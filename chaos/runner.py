@@ -112,6 +112,11 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             if r.code != 0:
                 raise RuntimeError(f"populate-jail cleanup failed: {r.error_line}")
             node.kill()
+        outside = run_dir / "outside"   # a directory outside the jail that hostile links point at
+        outside.mkdir(exist_ok=True)
+        for link, target in scenario.hostile_links.items():
+            (jail / link).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(target.replace("@OUTSIDE", str(outside)), jail / link)
         before = jail_image.snapshot(jail)
         schedule = scenario.schedule(seed)
         log("chaos.begin", scenario=scenario.name, impl=impl, seed=seed, schedule=schedule)
@@ -152,8 +157,9 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         log("chaos.end")
         after = jail_image.snapshot(jail)
     mounts, procs = host_residue(str(jail), str(run_dir / "barriers"))
+    outside_changes = sorted(str(p) for p in outside.rglob("*"))
     final_state = {"jail": str(jail), "transient_only": scenario.transient_only, "max_restarts": scenario.max_restarts,
-                   "jail_before": before, "jail_after": after, "outside_changes": [], "host_mounts": mounts,
+                   "jail_before": before, "jail_after": after, "outside_changes": outside_changes, "host_mounts": mounts,
                    "processes": procs, "temp_dirs": []}
     (run_dir / "final_state.json").write_text(json.dumps(final_state, default=list))
     verdict = checker.check(history.load(hist), final_state)
@@ -164,26 +170,37 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
 
 
 def _keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict, log) -> None:
-    """Release each barrier once every GPU worker arrived or finished; kill who must die there."""
+    """Release each barrier once every GPU worker arrived or finished; kill who must die there,
+    either when it arrives or at the release (when everyone else is ready)."""
     gpu = [w for w, role, _ in scenario.workers if role == "gpu-worker"]
     pending = {name: Barrier(name, str(run_dir / "barriers")) for name in scenario.barriers}
-    kills = {(k.worker, k.barrier) for k in scenario.kills}
+    kills = {(k.worker, k.barrier): k.when for k in scenario.kills}
+
+    def kill(w: str, name: str) -> None:
+        log("chaos.kill", worker=w, barrier=name)
+        nodes[w].kill()
+
     while pending:
         for name, barrier in list(pending.items()):
-            killed_here = False
             arrived = {f.split(".")[2] for f in os.listdir(barrier.dir) if f.startswith(f"{name}.arrived.")}
+            killed_here = False
             for w in sorted(arrived):
                 for who in (w, "*"):   # "*": whoever arrives first (e.g. the lock holder)
-                    if (who, name) in kills and w in nodes:
-                        kills.discard((who, name))
-                        log("chaos.kill", worker=w, barrier=name)
-                        nodes[w].kill()
+                    if kills.get((who, name)) == "arrival" and w in nodes:
+                        del kills[(who, name)]
+                        kill(w, name)
                         killed_here = True
                         break
             finished = {w for w in gpu if not threads[w].is_alive()}
-            # A barrier that existed to kill someone opens right after the kill (the others must
-            # not queue behind it); otherwise once every GPU worker arrived or finished.
+            # A barrier that existed to kill someone at arrival opens right after the kill (the
+            # others must not queue behind it); otherwise once every GPU worker arrived or finished.
             if killed_here or len(arrived | finished) >= len(gpu):
+                for w in sorted(arrived):
+                    for who in (w, "*"):
+                        if kills.get((who, name)) == "release" and w in nodes:
+                            del kills[(who, name)]
+                            kill(w, name)
+                            break
                 barrier.release()
                 log("chaos.release", barrier=name, arrived=sorted(arrived))
                 del pending[name]

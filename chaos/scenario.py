@@ -11,6 +11,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     warm = false               # true: one worker populates the jail before the run
     reused_jail = false        # true: the jail holds markers, 0-byte placeholders and the flag of an earlier cluster
     read_only = false          # true: every worker sees the (warmed) jail read-only
+    hostile_links = { "usr/lib/firmware/nvidia" = "@OUTSIDE" }   # symlinks out of the jail, planted first
     populate_cleanup = false   # true: run the implementation's populate-jail cleanup first
     max_restarts = 3
     transient_only = true      # INV-2 applies: every worker must end ready
@@ -22,6 +23,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     term = "1*pause(race)"
     [[kills]]                  # kill a worker's node (SIGKILL: no cleanup) once it reaches a barrier
     worker = "w1"              # or "*": whoever reaches it first
+    when = "release"           # or "arrival" (default): kill at once, e.g. the lock holder others queue behind
     barrier = "hold"
 
 `mode = "random"` replaces the fixed schedule by seeded random faults: each GPU worker's first
@@ -41,7 +43,7 @@ from gpujail.failpoints import REGISTRY
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
-        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only"}
+        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "hostile_links"}
 
 
 class ScenarioError(ValueError):
@@ -59,6 +61,7 @@ class Fault:
 class Kill:
     worker: str
     barrier: str
+    when: str = "arrival"   # "arrival": as soon as it reaches the barrier; "release": once everyone else is ready
 
 
 @dataclass
@@ -84,6 +87,7 @@ class Scenario:
     lock_timeout: float = 30.0   # GPUJAIL_LOCK_TIMEOUT for every start
     scale: bool = False          # a big run: opt-in with `-m scale`
     read_only: bool = False      # every worker sees the jail read-only (after warming it)
+    hostile_links: dict[str, str] = field(default_factory=dict)   # jail path -> link target ("@OUTSIDE": a dir outside)
     legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
 
     @property
