@@ -74,9 +74,25 @@ def pytest_configure(config):
         value = option(config, name)
         if not value.isdigit():
             raise pytest.UsageError(f"--{name} {value!r}: expected a non-negative integer")
+    check_impl(option(config, "impl"))
     config._gpujail_expectations = load_expectations(option(config, "expectations"))
     config._gpujail_results = Results()
     config.pluginmanager.register(config._gpujail_results)
+
+
+def check_impl(impl: str) -> None:
+    """An unknown implementation is one usage error up front, not a failure in every test."""
+    import shlex
+    import shutil
+
+    from gpujail.contract import BUNDLED, UnknownImplementation, command_for
+    try:
+        argv = command_for(impl, "/jail", "node", "gpu-worker")
+    except UnknownImplementation as e:
+        raise pytest.UsageError(f"--impl {impl!r}: {e}") from None
+    if impl not in BUNDLED and not impl.startswith("mutant:") and "/" not in argv[0] and not shutil.which(argv[0]):
+        raise pytest.UsageError(f"--impl {impl!r}: {shlex.quote(argv[0])} is neither a bundled implementation "
+                                f"({', '.join(BUNDLED)}, mutant:NAME) nor a command on PATH")
 
 
 def load_expectations(path: str) -> dict:
