@@ -195,11 +195,11 @@ def test_json_summary_groups_outcomes_by_requirement(run, cases, pytester):
     failed, expected-fail, unexpected-pass, skipped) with the reason, and lists the requirements no
     test cited."""
     report = pytester.path / "reports" / "summary.json"
-    result = run(f"--expectations={cases}", f"--gpujail-report={report}", "--impl", "mine")
+    result = run(f"--expectations={cases}", f"--gpujail-report={report}", "--impl", "true {jail}")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, output(result)
     summary = json.loads(report.read_text())
     from gpujail import CONTRACT_VERSION
-    assert summary["run_info"]["implementation"] == "mine"
+    assert summary["run_info"]["implementation"] == "true {jail}"
     assert summary["run_info"]["contract_version"] == CONTRACT_VERSION
     reqs = summary["requirements"]
 
@@ -216,6 +216,15 @@ def test_json_summary_groups_outcomes_by_requirement(run, cases, pytester):
     assert flaky["test_flaky_fails"] == "expected-fail" and flaky["test_flaky_passes"] != "failed"
     assert reqs["REF-2"]["counts"] == {"failed": 1} and reqs["REF-5"]["counts"].get("failed", 0) == 0
     assert "REF-7" in summary["uncited"] and "REF-1" not in summary["uncited"]
+
+
+def test_unknown_implementation_is_one_usage_error(pytester):
+    """An --impl that is neither bundled nor a command is refused up front with one line, not as a
+    failure in every test."""
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest("-p", "conformance.plugin", "--impl", "no-such-runtime {jail}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "no-such-runtime" in "\n".join(result.errlines)
 
 
 @pytest.mark.parametrize("content, complaint", [
