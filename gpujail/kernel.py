@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -29,7 +28,6 @@ from fixtures import drivers
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_CLI_DIR = REPO / "fixtures" / "bin"
-NODE_SETUP_TIMEOUT = 30.0
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpujail-node-spawner")
 
 
@@ -161,16 +159,6 @@ class Node:
                 except OSError:
                     pass
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self.kill()
-
 
 def _alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie (a dead PID 1 may wait for its reaper)."""
@@ -205,9 +193,3 @@ class Fleet:
     def __exit__(self, *exc) -> None:
         for n in self.nodes:
             n.kill()
-
-
-def command_argv(command: str, jail: str, node: str, role: str) -> list[str]:
-    """A contract command string split like a shell would, with {jail} {node} {role} substituted
-    in each word (so a jail path with spaces stays one argument)."""
-    return [w.format(jail=jail, node=node, role=role) for w in shlex.split(command)]

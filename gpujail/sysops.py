@@ -125,10 +125,6 @@ class RealSys:
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 
-    def read(self, path: str, limit: int = -1) -> bytes:
-        with open(path, "rb") as f:
-            return f.read(limit)
-
     # -- mounts ---------------------------------------------------------------------------------
     def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
         enc = lambda s: None if s is None else s.encode()
@@ -257,11 +253,6 @@ class RealSys:
     def touch_beneath(self, root: str, rel: str, mode: int = 0o644) -> None:
         os.close(self._openat2(root, rel, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, mode))
 
-    def read_beneath(self, root: str, rel: str, limit: int = -1) -> bytes:
-        fd = self._openat2(root, rel, os.O_RDONLY)
-        with os.fdopen(fd, "rb") as f:
-            return f.read(limit)
-
     def bind_mount_beneath(self, source: str, root: str, rel: str, flags: int) -> None:
         """Bind `source` over root/rel, resolved beneath root (last component not followed), then
         remount it with `flags`. Mounting through the O_PATH fd's magic link pins the exact inode
@@ -327,11 +318,3 @@ def resolve_in_root(sys, root: str, path: str) -> str:
             continue
         done.append(name)
     return os.path.join(root, *done)
-
-
-def beneath(root: str, path: str) -> str:
-    """`path` (absolute, under root) as a root-relative path; raises if it is not under root."""
-    rel = os.path.relpath(path, root)
-    if rel == ".." or rel.startswith("../"):
-        raise ValueError(f"{path} is not under {root}")
-    return rel
