@@ -55,9 +55,21 @@ class ChaosRun:
     def history_path(self) -> Path:
         return self.run_dir / "history.jsonl"
 
+    def unfired(self) -> list[str]:
+        """Armed faults that never acted (an implementation that never reaches that step, e.g.
+        `direct` and the CLI's steps, or a marker jail and the CLI's mkdir): worth knowing when a
+        run passes."""
+        events = history.load(str(self.history_path))
+        armed = {(e["worker"], e["failpoint"]) for e in events if e["kind"] == "chaos.fault"}
+        fired = {(e["node"], e["name"]) for e in events if e["kind"] == "failpoint" and e.get("action") != "off"}
+        return sorted(f"{w} {fp}" for w, fp in armed - fired)
+
     def report(self) -> str:
         where = f"\nhistory: {self.history_path}" + (f"\ntimeline: {self.timeline}" if self.timeline else "")
-        return f"scenario {self.scenario.name} against {self.impl} (seed {self.seed}):\n{self.verdict.summary()}{where}"
+        unfired = self.unfired()
+        note = f"\narmed but never acted: {', '.join(unfired)}" if unfired else ""
+        return (f"scenario {self.scenario.name} against {self.impl} (seed {self.seed}):\n"
+                f"{self.verdict.summary()}{note}{where}")
 
 
 def dress_as_reused(jail: Path) -> None:
