@@ -9,8 +9,9 @@ import os
 
 import pytest
 
+from conformance.plugin import open_fleet
 from fixtures.jail import make_jail
-from gpujail import history, kernel
+from gpujail import history
 
 # The suite's plugin (also an installed `pytest11` entry point under the same name, so pytest
 # registers it once either way).
@@ -32,12 +33,8 @@ def run_dir(tmp_path):
 @pytest.fixture
 def fleet(jail, run_dir):
     """Kernel-backend nodes on `jail`; all killed (namespaces, mounts, processes) at teardown."""
-    reason = kernel.precondition()
-    if reason:
-        pytest.skip(reason)
-    env = {"GPUJAIL_HISTORY": str(run_dir / "history.jsonl"), "GPUJAIL_BARRIERS": str(run_dir / "barriers")}
-    with kernel.Fleet(jail, env) as f:
-        f.history = lambda: history.load(env["GPUJAIL_HISTORY"])
+    with open_fleet(jail, run_dir) as f:
+        f.history = lambda: history.load(f.env["GPUJAIL_HISTORY"])
         yield f
 
 

@@ -243,20 +243,25 @@ def impl(request) -> str:
     return option(request.config, "impl")
 
 
-@pytest.fixture
-def world(request, tmp_path, impl):
-    from fixtures.jail import make_jail
+def open_fleet(jail: Path, run_dir: Path, seed: str = "0"):
+    """A kernel-backend fleet on `jail` that records into `run_dir` (history, barriers); skips the
+    test with the reason when this host cannot run the kernel backend."""
     from gpujail import kernel
-    backend = option(request.config, "backend")
-    if backend != "kernel":
-        pytest.skip(f"backend {backend!r} is not available in this build (only 'kernel' is)")
     reason = kernel.precondition()
     if reason:
         pytest.skip(reason)
-    jail = make_jail(tmp_path / "jail")
-    run_dir = tmp_path / "run"
-    (run_dir / "barriers").mkdir(parents=True)
+    (run_dir / "barriers").mkdir(parents=True, exist_ok=True)
     env = {"GPUJAIL_HISTORY": str(run_dir / "history.jsonl"), "GPUJAIL_BARRIERS": str(run_dir / "barriers"),
-           "GPUJAIL_SEED": option(request.config, "seed")}
-    with kernel.Fleet(jail, env) as fleet:
-        yield World(fleet, jail, impl, run_dir)
+           "GPUJAIL_SEED": seed}
+    return kernel.Fleet(jail, env)
+
+
+@pytest.fixture
+def world(request, tmp_path, impl):
+    from fixtures.jail import make_jail
+    backend = option(request.config, "backend")
+    if backend != "kernel":
+        pytest.skip(f"backend {backend!r} is not available in this build (only 'kernel' is)")
+    jail = make_jail(tmp_path / "jail")
+    with open_fleet(jail, tmp_path / "run", option(request.config, "seed")) as fleet:
+        yield World(fleet, jail, impl, tmp_path / "run")

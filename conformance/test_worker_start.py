@@ -184,16 +184,12 @@ def test_non_debian_jail(world):
 
 
 @pytest.mark.req("REF-2")
-def test_jail_path_with_spaces(tmp_path, impl, request):
+def test_jail_path_with_spaces(tmp_path, impl):
     """The jail path may contain spaces; every word stays one argument, and the mount table's
     escaped form (\\040) is understood."""
-    from conformance.plugin import World
-    from gpujail import kernel
-    if kernel.precondition():
-        pytest.skip(kernel.precondition())
+    from conformance.plugin import World, open_fleet
     jail = jail_image.make_jail(tmp_path / "my jail")
-    (tmp_path / "run/barriers").mkdir(parents=True)
-    with kernel.Fleet(jail, {"GPUJAIL_HISTORY": str(tmp_path / "run/history.jsonl")}) as fleet:
+    with open_fleet(jail, tmp_path / "run") as fleet:
         w = World(fleet, jail, impl, tmp_path / "run").start("w")
         assert w.ready, w.attempts[-1].stderr
         assert lost(w, jail) == []
