@@ -11,7 +11,6 @@ import pytest
 
 from conformance.plugin import open_fleet
 from fixtures.jail import make_jail
-from gpujail import history
 
 # The suite's plugin (also an installed `pytest11` entry point under the same name, so pytest
 # registers it once either way).
@@ -34,7 +33,6 @@ def run_dir(tmp_path):
 def fleet(jail, run_dir):
     """Kernel-backend nodes on `jail`; all killed (namespaces, mounts, processes) at teardown."""
     with open_fleet(jail, run_dir) as f:
-        f.history = lambda: history.load(f.env["GPUJAIL_HISTORY"])
         yield f
 
 

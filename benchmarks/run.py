@@ -38,7 +38,7 @@ def median_ms(xs) -> float:
 
 def warm_fleet(tmp: Path, impl: str = "reference"):
     jail = make_jail(tmp / "jail")
-    fleet = kernel.Fleet(jail, {"GPUJAIL_HISTORY": str(tmp / "history.jsonl")})
+    fleet = kernel.Fleet.recording(jail, tmp)
     w = start_worker(fleet, "prewarm", impl)
     assert w.ready, w.attempts[-1].stderr
     return fleet, jail, w.node

@@ -34,11 +34,10 @@ from gpujail import history, kernel
 from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
 from gpujail.failpoints import Barrier
 from gpujail.probes import gpu_files
+from reference_impl import core
 
 from . import checker, timeline
 from .scenario import Scenario
-
-MARKER = b"nvidia-placeholder-marker\n"
 
 
 @dataclass
@@ -75,9 +74,9 @@ class ChaosRun:
 def dress_as_reused(jail: Path) -> None:
     """What an earlier cluster leaves: markers, old 0-byte placeholders and the flag."""
     lib = jail / "usr/lib/x86_64-linux-gnu"
-    (lib / "libcuda.so.550.54.15").write_bytes(MARKER)
+    (lib / "libcuda.so.550.54.15").write_bytes(core.MARKER)
     (lib / "libnvidia-ml.so.550.54.15").write_bytes(b"")
-    (jail / "etc/gpu_libs_installed.flag").touch()
+    (jail / core.FLAG).touch()
 
 
 def host_residue(*needles: str) -> tuple[list[str], list[str]]:
@@ -98,15 +97,13 @@ def host_residue(*needles: str) -> tuple[list[str], list[str]]:
 
 def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: float = 120.0) -> ChaosRun:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "barriers").mkdir(exist_ok=True)
     jail = jail_image.make_jail(run_dir / "jail")
     hist = str(run_dir / "history.jsonl")
-    env = {"GPUJAIL_HISTORY": hist, "GPUJAIL_BARRIERS": str(run_dir / "barriers"), "GPUJAIL_SEED": str(seed)}
     log = lambda kind, **f: history.append(hist, kind, node="host", **f)  # noqa: E731
     policy = RestartPolicy(max_restarts=scenario.max_restarts, backoff=0.02)
     workers: dict[str, Worker] = {}
     nodes: dict[str, kernel.Node] = {}
-    with kernel.Fleet(jail, env) as fleet:
+    with kernel.Fleet.recording(jail, run_dir, seed) as fleet:
         if scenario.reused_jail:
             dress_as_reused(jail)
         if scenario.warm:
@@ -174,10 +171,11 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                    "jail_before": before, "jail_after": after, "outside_changes": outside_changes, "host_mounts": mounts,
                    "processes": procs, "temp_dirs": []}
     (run_dir / "final_state.json").write_text(json.dumps(final_state, default=list))
-    verdict = checker.check(history.load(hist), final_state)
+    events = history.load(hist)
+    verdict = checker.check(events, final_state)
     result = ChaosRun(scenario, impl, seed, run_dir, verdict, workers)
     if verdict.valid is not True:
-        result.timeline = timeline.render(history.load(hist), verdict, run_dir / "timeline.html")
+        result.timeline = timeline.render(events, verdict, run_dir / "timeline.html")
     return result
 
 
@@ -188,31 +186,28 @@ def _keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict
     pending = {name: Barrier(name, str(run_dir / "barriers")) for name in scenario.barriers}
     kills = {(k.worker, k.barrier): k.when for k in scenario.kills}
 
-    def kill(w: str, name: str) -> None:
-        log("chaos.kill", worker=w, barrier=name)
-        nodes[w].kill()
+    def kill_due(name: str, arrived: set[str], when: str) -> bool:
+        """Kill the arrived workers the scenario wants dead at this moment ("*": whoever arrives
+        first, e.g. the lock holder). True if anyone was killed."""
+        killed = False
+        for w in sorted(arrived):
+            who = next((who for who in (w, "*") if kills.get((who, name)) == when), None)
+            if who is not None and w in nodes:
+                del kills[(who, name)]
+                log("chaos.kill", worker=w, barrier=name)
+                nodes[w].kill()
+                killed = True
+        return killed
 
     while pending:
         for name, barrier in list(pending.items()):
             arrived = {f.split(".")[2] for f in os.listdir(barrier.dir) if f.startswith(f"{name}.arrived.")}
-            killed_here = False
-            for w in sorted(arrived):
-                for who in (w, "*"):   # "*": whoever arrives first (e.g. the lock holder)
-                    if kills.get((who, name)) == "arrival" and w in nodes:
-                        del kills[(who, name)]
-                        kill(w, name)
-                        killed_here = True
-                        break
+            killed_here = kill_due(name, arrived, "arrival")
             finished = {w for w in gpu if not threads[w].is_alive()}
             # A barrier that existed to kill someone at arrival opens right after the kill (the
             # others must not queue behind it); otherwise once every GPU worker arrived or finished.
             if killed_here or len(arrived | finished) >= len(gpu):
-                for w in sorted(arrived):
-                    for who in (w, "*"):
-                        if kills.get((who, name)) == "release" and w in nodes:
-                            del kills[(who, name)]
-                            kill(w, name)
-                            break
+                kill_due(name, arrived, "release")
                 barrier.release()
                 log("chaos.release", barrier=name, arrived=sorted(arrived))
                 del pending[name]

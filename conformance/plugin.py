@@ -227,11 +227,11 @@ class World:
         return self.fleet.start(node_id, role=role, version=DEFAULT_VERSION if role == "gpu-worker" else None, **kw)
 
     def history(self) -> list[dict]:
-        from gpujail import history
-        return history.load(str(self.run_dir / "history.jsonl"))
+        return self.fleet.history()
 
     def events(self, kind: str, **match) -> list[dict]:
-        return [e for e in self.history() if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+        from gpujail import history
+        return history.select(self.history(), kind, **match)
 
     @property
     def barriers(self) -> str:
@@ -250,10 +250,7 @@ def open_fleet(jail: Path, run_dir: Path, seed: str = "0"):
     reason = kernel.precondition()
     if reason:
         pytest.skip(reason)
-    (run_dir / "barriers").mkdir(parents=True, exist_ok=True)
-    env = {"GPUJAIL_HISTORY": str(run_dir / "history.jsonl"), "GPUJAIL_BARRIERS": str(run_dir / "barriers"),
-           "GPUJAIL_SEED": seed}
-    return kernel.Fleet(jail, env)
+    return kernel.Fleet.recording(jail, run_dir, seed)
 
 
 @pytest.fixture

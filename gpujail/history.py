@@ -40,6 +40,11 @@ def append(path: str | None, kind: str, /, **fields) -> None:
     os.write(_fd, (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode())
 
 
+def select(events: list[dict], kind: str, **match) -> list[dict]:
+    """The events of `kind` whose fields equal `match`."""
+    return [e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+
 def load(path: str) -> list[dict]:
     """All events of a history file, in time order."""
     try:

@@ -181,6 +181,18 @@ class Fleet:
         self.env = dict(env or {})
         self.nodes: list[Node] = []
 
+    @classmethod
+    def recording(cls, jail: str | os.PathLike, run_dir: Path, seed: int | str = 0) -> Fleet:
+        """A fleet whose processes record into `run_dir/history.jsonl` and meet at barriers in
+        `run_dir/barriers/`, with failpoint randomness seeded by `seed`."""
+        (run_dir / "barriers").mkdir(parents=True, exist_ok=True)
+        return cls(jail, {"GPUJAIL_HISTORY": str(run_dir / "history.jsonl"),
+                          "GPUJAIL_BARRIERS": str(run_dir / "barriers"), "GPUJAIL_SEED": str(seed)})
+
+    def history(self) -> list[dict]:
+        from . import history
+        return history.load(self.env.get(history.ENV, ""))
+
     def start(self, node_id: str, role: str = "gpu-worker", version: str | None = drivers.DEFAULT_VERSION,
               **options) -> Node:
         node = Node(node_id, self.jail, role, version, {**self.env, "GPUJAIL_NODE": node_id}, options)

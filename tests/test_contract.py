@@ -11,6 +11,8 @@ import os
 
 import pytest
 
+from chaos.runner import dress_as_reused
+from gpujail import history
 from gpujail.contract import RestartPolicy, UnknownImplementation, command_for, start_worker
 from reference_impl import core
 
@@ -18,17 +20,14 @@ pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
 
 
 def events(fleet, kind, **match):
-    return [e for e in fleet.history() if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+    return history.select(fleet.history(), kind, **match)
 
 
 def reused_jail(jail):
-    """A jail left by an earlier cluster: markers, old 0-byte placeholders, the flag, and the
-    image's own small files."""
-    lib = jail / "usr/lib/x86_64-linux-gnu"
-    (lib / "libcuda.so.550.54.15").write_bytes(core.MARKER)
-    (lib / "libnvidia-ml.so.550.54.15").write_bytes(b"")
-    (lib / "libempty-but-not-ours.a").write_bytes(b"")
-    (jail / core.FLAG).touch()
+    """A jail left by an earlier cluster (markers, old 0-byte placeholders, the flag), plus an
+    empty file of the image's own that no placeholder predicate should take."""
+    dress_as_reused(jail)
+    (jail / "usr/lib/x86_64-linux-gnu/libempty-but-not-ours.a").write_bytes(b"")
 
 
 @pytest.mark.parametrize("impl,removed,kept", [

@@ -23,6 +23,7 @@ import pytest
 from fixtures import drivers
 from fixtures.drivers import LIB32, LIB64, DriverFile, catalogue
 from fixtures.jail import make_jail, snapshot
+from gpujail import history
 from gpujail.failpoints import Barrier
 from gpujail.sysops import RealSys
 
@@ -90,7 +91,7 @@ def configure(node, failpoints: str | None = None):
 
 
 def events(fleet, kind: str, node: str | None = None) -> list[dict]:
-    return [e for e in fleet.history() if e["kind"] == kind and (node is None or e["node"] == node)]
+    return history.select(fleet.history(), kind, **({"node": node} if node else {}))
 
 
 _STAT = r"""
