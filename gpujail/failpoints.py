@@ -22,6 +22,10 @@ name to stderr, `pause(barrier)` blocks until the harness releases the barrier (
 Every hit of an armed failpoint is recorded in the history (`failpoint` event, with the action), so
 a test can check that what it armed actually fired. A malformed spec or an unknown name raises
 `FailpointSpecError` saying where parsing stopped; callers turn that into one line and exit 1.
+
+The model backend (gpujail/model.py) runs many simulated processes as threads of one OS process:
+it installs a `Process` per thread (`set_process`), which holds that process's armed failpoints and
+says what `sleep`, `kill` and `panic` mean there (virtual time; the simulated process dies).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import random
 import re
 import signal
 import sys
+import threading
 import time
 
 from . import history
@@ -124,23 +129,51 @@ def parse(spec: str) -> dict[str, Failpoint]:
     return points
 
 
-_armed: dict[str, Failpoint] | None = None
-_armed_spec: str | None = None
+class Process:
+    """What a failpoint acts on: by default this OS process, armed from its environment."""
+
+    def __init__(self):
+        self._armed: dict[str, Failpoint] | None = None
+        self._spec: str | None = None
+
+    def armed(self) -> dict[str, Failpoint]:
+        spec = os.environ.get(ENV, "")
+        if self._armed is None or spec != self._spec:
+            self._armed, self._spec = parse(spec), spec
+        return self._armed
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def die(self, action: str) -> None:
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os.abort()
+
+
+_os_process = Process()
+_local = threading.local()
+
+
+def set_process(process: Process | None) -> None:
+    """Make `process` the one this thread's failpoints act on (None: back to this OS process)."""
+    _local.process = process
+
+
+def current() -> Process:
+    return getattr(_local, "process", None) or _os_process
 
 
 def armed() -> dict[str, Failpoint]:
-    """The failpoints armed by the environment (parsed once per process and spec)."""
-    global _armed, _armed_spec
-    spec = os.environ.get(ENV, "")
-    if _armed is None or spec != _armed_spec:
-        _armed, _armed_spec = parse(spec), spec
-    return _armed
+    """The failpoints armed for the current process (parsed once per process and spec)."""
+    return current().armed()
 
 
 def hit(name: str, **context) -> None:
     """Evaluate failpoint `name`. Raises OSError for `return`; may sleep, pause, abort or die."""
     assert name in REGISTRY, name
-    fp = armed().get(name)
+    process = current()
+    fp = process.armed().get(name)
     if fp is None:
         return
     fp.hits += 1
@@ -154,13 +187,11 @@ def hit(name: str, **context) -> None:
     if action == "print":
         print(f"failpoint {name} hit {fp.hits}", file=sys.stderr)
     elif action == "sleep":
-        time.sleep(int(term.arg) / 1000)
+        process.sleep(int(term.arg) / 1000)
     elif action == "pause":
         Barrier(term.arg).arrive_and_wait()
-    elif action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif action == "panic":
-        os.abort()
+    elif action in ("kill", "panic"):
+        process.die(action)
     elif action == "return":
         if term.arg.startswith('"'):
             raise OSError(errno.EIO, term.arg.strip('"'), context.get("path"))

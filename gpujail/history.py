@@ -7,21 +7,33 @@ file named by `GPUJAIL_HISTORY`. Each record is a single `write(2)` on an `O_APP
 parallel writers never interleave a record (the kernel positions and writes an append atomically on
 local file systems). Timestamps are `CLOCK_MONOTONIC`, which is one clock for all processes of a
 machine, so records from different workers order correctly. Without `GPUJAIL_HISTORY`, recording is a
-no-op: the fake CLI and `reference` run unchanged outside the harness.
+no-op: the fake CLI and `reference` run unchanged outside the harness. The model backend runs
+simulated processes as threads and gives each thread a `sink` instead (`set_sink`).
 """
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 ENV = "GPUJAIL_HISTORY"
 _fd: int | None = None
 _path: str | None = None
+_local = threading.local()
+
+
+def set_sink(sink) -> None:
+    """Send this thread's events to `sink(kind, fields)` instead of a file (None: back to the file)."""
+    _local.sink = sink
 
 
 def record(kind: str, /, **fields) -> None:
     """Append an event to this process's history (GPUJAIL_HISTORY), if it has one."""
+    sink = getattr(_local, "sink", None)
+    if sink is not None:
+        sink(kind, fields)
+        return
     append(os.environ.get(ENV), kind, **fields)
 
 

@@ -183,6 +183,9 @@ class RealSys:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
     # -- confined to a root (SPEC REF-11) -------------------------------------------------------
     def _openat2(self, root: str, rel: str, flags: int, mode: int = 0) -> int:
         rootfd = os.open(root, O_PATH | os.O_DIRECTORY)

@@ -28,9 +28,20 @@ def main(argv: list[str]) -> int:
             "start", "populate-cleanup"):
         print(USAGE, file=sys.stderr)
         return core.EXIT["bad-input"]
-    impl, action = IMPLEMENTATIONS[argv[0]], (argv[1:] or ["start"])[0]
+    name, action = argv[0], (argv[1:] or ["start"])[0]
     try:
-        ctx = core.Ctx.from_env(RealSys(), argv[0])
+        ctx = core.Ctx.from_env(RealSys(), name)
+    except ValueError:
+        print(f"{name}: GPUJAIL_LOCK_TIMEOUT: not a number of seconds", file=sys.stderr)
+        return core.EXIT["bad-input"]
+    return execute(name, action, ctx)
+
+
+def execute(name: str, action: str, ctx: core.Ctx) -> int:
+    """Run one bundled implementation's `action` for `ctx`: exit code, one line on stderr on failure.
+    The kernel and docker backends reach it through main(); the model backend calls it in-process."""
+    impl = IMPLEMENTATIONS[name]
+    try:
         if action == "populate-cleanup":
             step = impl.populate_cleanup
         elif ctx.role == "gpu-worker":
@@ -40,22 +51,21 @@ def main(argv: list[str]) -> int:
         else:
             raise core.Fatal("bad-input", f"GPUJAIL_ROLE: unknown role {ctx.role!r} "
                                           "(expected gpu-worker, cpu-worker or login)")
-        history.record("impl.begin", impl=argv[0], role=ctx.role, action=action)
+        history.record("impl.begin", impl=name, role=ctx.role, action=action)
         step(ctx)
     except core.Fatal as e:
-        history.record("impl.fatal", impl=argv[0], failure=e.kind, code=e.code, message=str(e))
-        print(f"{argv[0]}: {e}", file=sys.stderr)
+        history.record("impl.fatal", impl=name, failure=e.kind, code=e.code, message=str(e))
+        print(f"{name}: {e}", file=sys.stderr)
         return e.code
     except failpoints.FailpointSpecError as e:
-        print(f"{argv[0]}: {e}", file=sys.stderr)
+        print(f"{name}: {e}", file=sys.stderr)
         return core.EXIT["bad-input"]
     except OSError as e:   # e.g. an injected fault: still one line, never a traceback
-        history.record("impl.fatal", impl=argv[0], failure="io-error", code=core.EXIT["io-error"], message=str(e))
-        print(f"{argv[0]}: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        history.record("impl.fatal", impl=name, failure="io-error", code=core.EXIT["io-error"], message=str(e))
+        print(f"{name}: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return core.EXIT["io-error"]
-    history.record("impl.ready", impl=argv[0], role=ctx.role, action=action)
+    history.record("impl.ready", impl=name, role=ctx.role, action=action)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

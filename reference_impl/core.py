@@ -179,7 +179,7 @@ class JailLock:
         try:
             waited = ctx.sys.lock(self.fd, ctx.lock_timeout)
         except LockTimeout:
-            os.close(self.fd)
+            ctx.sys.close(self.fd)
             history.record("impl.lock.timeout", lock=self.rel, timeout=ctx.lock_timeout)
             raise Fatal("lock-timeout", f"lock {ctx.jail}/{self.rel} not acquired within "
                                         f"{ctx.lock_timeout:g}s: another worker holds it") from None

@@ -31,11 +31,11 @@ def armed(tmp_path, monkeypatch):
 
     def arm(spec):
         monkeypatch.setenv(failpoints.ENV, spec)
-        monkeypatch.setattr(failpoints, "_armed", None)  # a fresh process: hit counts start at 0
+        failpoints.set_process(failpoints.Process())  # a fresh process: hit counts start at 0
 
     arm.events = lambda: [e for e in history.load(str(hist)) if e["kind"] == "failpoint"]
     yield arm
-    monkeypatch.setattr(failpoints, "_armed", None)
+    failpoints.set_process(None)
 
 
 def outcomes(n, name=NAME):

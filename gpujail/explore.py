@@ -1,0 +1,160 @@
+"""Schedule exploration on the model backend: Hypothesis chooses the interleaving and the faults.
+
+How this works
+--------------
+A *plan* is everything one simulation (gpujail/model.py `World`) needs besides the implementation:
+
+* `schedule`: runs of `(worker, steps)` (see `model.Scheduler`); when they are used up, each worker
+  runs to its end in turn, so the empty schedule is "one worker after the other";
+* `faults`: per worker, one failpoint term for its first attempt: the N-th hit of a failpoint
+  returns EIO, or SIGKILLs that process (a CLI killed mid-mount leaves its mounts and placeholders);
+* `crashes`: per worker, its implementation SIGKILLed before its N-th file-system step.
+
+`plans()` is the Hypothesis strategy over plans. Shrinking goes towards fewer runs, fewer faults and
+earlier hits: the shortest story that still breaks an invariant. `find_violation` returns that story
+(for `legacy`, the seed bug); Hypothesis keeps failing plans in its example database, and a printed
+plan replays exactly: `python -m gpujail.explore replay legacy '<plan>'`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
+
+from . import failpoints
+from .model import SMALL_DRIVER, World
+
+ACTIONS = ("return(EIO)", "kill")
+SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=True)
+
+
+def fault(name: str, hit: int, action: str) -> str:
+    """The failpoint spec that makes exactly the `hit`-th hit of `name` do `action`."""
+    return f"{name}={hit - 1}*off->1*{action}" if hit > 1 else f"{name}=1*{action}"
+
+
+def plans(workers: int = 2, points=tuple(failpoints.REGISTRY), max_hit: int = 4, max_steps: int = 400):
+    worker = st.integers(0, workers - 1)
+    faults = st.dictionaries(worker, st.builds(fault, st.sampled_from(points), st.integers(1, max_hit),
+                                               st.sampled_from(ACTIONS)), max_size=workers)
+    return st.fixed_dictionaries({
+        "schedule": st.lists(st.tuples(worker, st.integers(1, 60)), max_size=12),
+        "faults": faults,
+        "crashes": st.dictionaries(worker, st.integers(1, max_steps), max_size=1),
+    })
+
+
+def size(plan: dict) -> int:
+    """How long a story is: context switches, faults and crashes."""
+    return len(plan["schedule"]) + len(plan["faults"]) + len(plan["crashes"])
+
+
+def simulate(impl: str, plan: dict, workers: int = 2, driver=SMALL_DRIVER) -> World:
+    return World(impl, workers, driver, schedule=plan["schedule"], faults=plan["faults"], crashes=plan["crashes"]).run()
+
+
+class Exploration:
+    """Counts what a search saw: examples, distinct interleavings, steps, time."""
+
+    def __init__(self, impl: str, workers: int, driver):
+        self.impl, self.workers, self.driver = impl, workers, driver
+        self.examples = self.steps = 0
+        self.interleavings: set[tuple[int, ...]] = set()
+        self.seconds = 0.0
+
+    def __call__(self, plan: dict) -> World:
+        t = time.perf_counter()
+        world = simulate(self.impl, plan, self.workers, self.driver)
+        self.seconds += time.perf_counter() - t
+        self.examples += 1
+        self.steps += len(world.order)
+        self.interleavings.add(tuple(world.order))
+        return world
+
+    def total_interleavings(self) -> int:
+        """Interleavings of the fault-free, one-after-the-other run's steps: (n1 + ... + nk)! / (n1! ... nk!)."""
+        world = simulate(self.impl, {"schedule": [], "faults": {}, "crashes": {}}, self.workers, self.driver)
+        counts = [world.order.count(i) for i in range(self.workers)]
+        total = math.factorial(sum(counts))
+        for c in counts:
+            total //= math.factorial(c)
+        return total
+
+
+def find_violation(impl: str, workers: int = 2, driver=SMALL_DRIVER, seed: int | None = None,
+                   max_examples: int = 2000, database=None) -> tuple[dict | None, Exploration]:
+    """The shortest plan that breaks an invariant for `impl` (None if none in max_examples)."""
+    exploration = Exploration(impl, workers, driver)
+    kw = dict(SETTINGS, max_examples=max_examples, database=database)
+    try:
+        plan = find(plans(workers), lambda p: bool(exploration(p).violations), settings=settings(**kw),
+                    random=random.Random(seed) if seed is not None else None, database_key=f"explore:{impl}".encode())
+    except NoSuchExample:
+        return None, exploration
+    return plan, exploration
+
+
+def explore_settings(max_examples: int, seed: int | None = None) -> settings:
+    """Settings for a @given property over plans (the conformance tests on the model backend)."""
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
+    return settings(**SETTINGS, max_examples=max_examples, phases=phases, derandomize=seed is not None)
+
+
+def describe(impl: str, plan: dict, world: World, full: bool = False) -> str:
+    """A failing plan as a person reads it: the plan (replayable), then the trace."""
+    return (f"{impl}: {len(world.violations)} violation(s) with plan (size {size(plan)}):\n"
+            f"  {json.dumps(plan)}\n\n{world.report(full)}")
+
+
+def _plan(text: str) -> dict:
+    plan = json.loads(text)
+    return {"schedule": [tuple(r) for r in plan.get("schedule", [])],
+            "faults": {int(k): v for k, v in plan.get("faults", {}).items()},
+            "crashes": {int(k): v for k, v in plan.get("crashes", {}).items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpujail.explore", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("find", help="search for a plan that breaks an invariant, shrink it, print its trace")
+    r = sub.add_parser("replay", help="run one plan (JSON, as `find` prints it) and print its trace")
+    for p in (e, r):
+        p.add_argument("impl", help="reference, legacy, direct or mutant:NAME")
+        p.add_argument("--workers", type=int, default=2)
+        p.add_argument("--full-driver", action="store_true", help="every file of the driver, not the 3-file one")
+        p.add_argument("--full", action="store_true", help="print every step, not only the ones that change something")
+    e.add_argument("--seed", type=int, default=None)
+    e.add_argument("--max-examples", type=int, default=2000)
+    r.add_argument("plan")
+    args = parser.parse_args(argv)
+    driver = None if args.full_driver else SMALL_DRIVER
+    if args.command == "replay":
+        try:
+            plan = _plan(args.plan)
+        except (ValueError, AttributeError, TypeError) as err:
+            print(f"explore: plan is not a JSON plan object: {err}", file=sys.stderr)
+            return 2
+        world = simulate(args.impl, plan, args.workers, driver)
+        print(describe(args.impl, plan, world, args.full) if world.violations else f"{args.impl}: no violation")
+        return 1 if world.violations else 0
+    t = time.perf_counter()
+    plan, exploration = find_violation(args.impl, args.workers, driver, args.seed, args.max_examples)
+    took = time.perf_counter() - t
+    print(f"{exploration.examples} examples, {len(exploration.interleavings)} distinct interleavings, "
+          f"{exploration.steps} steps ({exploration.steps / max(exploration.seconds, 1e-9):,.0f}/s) in {took:.1f}s")
+    if plan is None:
+        print(f"{args.impl}: no violation found")
+        return 0
+    print(describe(args.impl, plan, simulate(args.impl, plan, args.workers, driver), args.full))
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
