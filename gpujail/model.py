@@ -279,6 +279,7 @@ class Worker:
     proc: Proc | None = None
     waiting_since: int = 0
     timed_out: bool = False
+    granted: bool = False                # the scheduler's last pick was this worker
     exits: list[int] = field(default_factory=list)
     expected: list[tuple[str, Inode]] = field(default_factory=list)
     sem: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
@@ -482,7 +483,10 @@ class World:
         if len(self.trace) >= self.max_steps:
             self.violate("stuck", f"no end after {self.max_steps} steps")
             raise Killed("stopped")
-        self._switch(w, self.scheduler.pick(self.runnable(), w))
+        if w.granted:   # the pick that handed us the baton chose us for this very step
+            w.granted = False
+        else:
+            self._switch(w, self.scheduler.pick(self.runnable(), w))
         if self.stopping or not proc.living():
             raise Killed("stopped")
         entry = Step(len(self.trace) + 1, w.name, op, detail, mutating=mutating)
@@ -498,9 +502,11 @@ class World:
         if to is me:
             return
         self.current = to
+        to.granted = True
         to.sem.release()
         if me is not None:
             me.sem.acquire()
+            me.granted = False
 
     def block(self, w: Worker) -> None:
         """Wait (not runnable) until `unblock`, or until nobody else can run (then: timed out)."""

@@ -1,0 +1,138 @@
+"""The model backend (gpujail/model.py) and its exploration (gpujail/explore.py): the kernel rules it
+models, determinism, and that Hypothesis finds and shrinks the seed bug in `legacy` and in mutants,
+and nothing in `reference` and `direct`. No privileges needed."""
+from __future__ import annotations
+
+import errno
+import stat
+
+import pytest
+
+from gpujail import explore
+from gpujail.model import JAIL, ModelFS, World, loader_view
+
+LIB = "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+EMPTY = {"schedule": [], "faults": {}, "crashes": {}}
+
+
+def tiny_fs() -> ModelFS:
+    fs = ModelFS()
+    fs.add("/host/lib.so", stat.S_IFREG | 0o644, b"\x7fELF" + b"x" * 2044)
+    fs.add("/shared/placeholder", stat.S_IFREG | 0o644)
+    fs.seal_host()
+    return fs
+
+
+def test_k1_unlink_of_a_mount_point_is_ebusy_here_and_detaches_it_elsewhere():
+    """SPEC K-1, the rule the seed bug rests on."""
+    fs = tiny_fs()
+    a, b = World.sandbox(fs, 2)
+    a.bind_mount("/host/lib.so", "/shared/placeholder")
+    assert a.stat("/shared/placeholder").st_size == 2048 and b.stat("/shared/placeholder").st_size == 0
+    with pytest.raises(OSError) as e:
+        a.unlink("/shared/placeholder")
+    assert e.value.errno == errno.EBUSY
+    b.unlink("/shared/placeholder")
+    assert [m.mountpoint for m in a.mounts()] == []
+    with pytest.raises(FileNotFoundError):
+        a.stat("/shared/placeholder")
+    assert fs.detached == [("ns1", "/shared/placeholder", "ns2")]
+
+
+def test_writes_outside_the_jail_are_recorded_and_read_only_mounts_refuse_them():
+    fs = tiny_fs()
+    (a,) = World.sandbox(fs, 1)
+    a.bind_mount("/host/lib.so", "/shared/placeholder")
+    a.remount("/shared/placeholder")
+    with pytest.raises(OSError) as e:
+        a.chmod("/shared/placeholder", 0o600)
+    assert e.value.errno == errno.EROFS
+    a.chmod("/host/lib.so", 0o600)
+    assert fs.outside_changes == ["/host/lib.so"]
+
+
+@pytest.mark.parametrize("size, says", [(0, "file too short"), (26, "file too short"), (4096, "another file")])
+def test_loader_view_of_a_placeholder(size, says):
+    """SPEC K-3 as the model reports it: what a loader says about what a path resolves to."""
+    fs = ModelFS()
+    node = fs.add("/f", stat.S_IFREG | 0o644, b"x" * size)
+    assert says in loader_view(node)
+    assert "No such file" in loader_view(None)
+
+
+def test_a_plan_replays_exactly():
+    plan = {"schedule": [(1, 7), (0, 30), (1, 100)], "faults": {0: explore.fault("cli.after_mount", 2, "kill")},
+            "crashes": {}}
+    one, two = (explore.simulate("reference", plan) for _ in range(2))
+    assert [(s.worker, s.op, s.detail, s.error) for s in one.trace] == [(s.worker, s.op, s.detail, s.error) for s in two.trace]
+    assert one.order == two.order and not one.violations
+
+
+def test_schedule_runs_interleave_workers():
+    world = explore.simulate("reference", {"schedule": [(0, 3), (1, 3), (0, 3)], "faults": {}, "crashes": {}})
+    assert world.order[:9] == [0, 0, 0, 1, 1, 1, 0, 0, 0]
+    assert [w.exits for w in world.workers] == [[0], [0]]
+
+
+def test_fault_free_runs_of_every_bundled_implementation_end_ready_and_clean():
+    for impl in ("reference", "legacy", "direct"):
+        world = explore.simulate(impl, EMPTY, workers=3)
+        assert [w.exits for w in world.workers] == [[0]] * 3, (impl, world.report())
+        assert not world.violations, world.report()
+
+
+def test_the_full_driver_runs_too():
+    world = World("reference", 2, driver=None, capabilities="all").run()
+    assert [w.exits for w in world.workers] == [[0], [0]], world.report()
+    assert len(world.workers[0].expected) > 40 and not world.violations
+
+
+def test_a_killed_lock_holder_releases_its_lock():
+    """K-4: the crash of a worker inside the lock (after its lock step) does not wedge the others."""
+    world = explore.simulate("reference", {"schedule": [(0, 62)], "faults": {}, "crashes": {0: 63}})
+    assert any(s.op == "died" for s in world.trace)
+    assert [w.exits[-1] for w in world.workers] == [0, 0], world.report()
+    assert not world.violations
+
+
+def test_a_lock_held_forever_times_out_in_virtual_time():
+    """REF-5's bounded wait: when nobody who could release the lock can run, the waiter times out."""
+    from gpujail.model import Proc, Worker
+    from reference_impl.core import LOCK
+    world = World("reference", 1, restarts=0)
+    lock = world.fs.add(f"{JAIL}/{LOCK}", stat.S_IFREG | 0o644)
+    world.fds[99] = (lock, Proc(Worker(world, 9, "stuck-holder"), ""))
+    world.locks[lock.ino] = 99
+    world.run()
+    assert world.workers[0].exits == [3], world.report()
+    assert any(s.op == "impl.lock.timeout" for s in world.trace)
+
+
+def test_legacy_seed_bug_is_found_and_shrunk():
+    """Issue 6: for legacy, Hypothesis finds the seed bug and shrinks it to a short plan."""
+    plan, exploration = explore.find_violation("legacy", seed=0, max_examples=2000)
+    assert plan is not None, f"{exploration.examples} examples, nothing found"
+    assert explore.size(plan) <= 12
+    world = explore.simulate("legacy", plan)
+    assert world.violations[0].invariant in ("INV-1", "INV-5")
+    report = world.report()
+    assert "cli.cleanup.unlink" in report and "VIOLATION" in report
+
+
+@pytest.mark.parametrize("impl", ["reference", "direct"])
+def test_the_fixed_procedures_survive_exploration(impl):
+    plan, exploration = explore.find_violation(impl, seed=0, max_examples=150)
+    assert plan is None, explore.describe(impl, plan, explore.simulate(impl, plan))
+    assert exploration.examples >= 100 and len(exploration.interleavings) > 20
+
+
+@pytest.mark.parametrize("mutant", ["zero-byte-placeholders", "recreate-markers", "cleanup-on-failure"])
+def test_exploration_finds_each_mutant(mutant):
+    plan, _ = explore.find_violation(f"mutant:{mutant}", seed=0, max_examples=1000)
+    assert plan is not None
+
+
+def test_reference_changes_nothing_outside_the_jail():
+    world = explore.simulate("reference", EMPTY)
+    assert world.fs.outside_changes == []
+    assert world.fs.lookup(world.workers[0].ns, f"{JAIL}/{LIB}") is world.fs.lookup(world.workers[0].ns, f"/{LIB}")
