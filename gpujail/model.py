@@ -218,12 +218,23 @@ class ModelFS:
         if node.ino in self.host:
             self.outside_changes.append(path)
 
-    def remove(self, ns: Namespace, w: Walk) -> None:
-        """unlink/rmdir of the entry `w` names: K-1."""
+    def remove(self, ns: Namespace, w: Walk, directory: bool) -> None:
+        """unlink/rmdir of the entry `w` names, errors in the kernel's order (do_unlinkat, vfs_rmdir):
+        EROFS, ENOENT, EISDIR/ENOTDIR, EBUSY (K-1: a mount point in this namespace), ENOTEMPTY."""
+        if w.parent_ro:
+            raise _err(errno.EROFS, w.path)
+        if w.node is None:
+            raise _err(errno.ENOENT, w.path)
+        if w.parent is None:
+            raise _err(errno.EBUSY, w.path)
+        if directory != (w.node.children is not None):
+            raise _err(errno.ENOTDIR if directory else errno.EISDIR, w.path)
         key = (w.parent.ino, w.name)
         if ns.mounts.get(key):
             raise _err(errno.EBUSY, w.path)
-        self.changing(w.parent, w.path, w.parent_ro)
+        if directory and w.node.children:
+            raise _err(errno.ENOTEMPTY, w.path)
+        self.changing(w.parent, w.path, False)
         del w.parent.children[w.name]
         for other in self.namespaces:
             if other is not ns and other.mounts.pop(key, None):
@@ -801,15 +812,7 @@ class ModelSys:
     @_op(mutating=True)
     def create(self, path, mode):
         """open(O_NOFOLLOW|O_CREAT), no O_EXCL, no O_TRUNC: an existing file is reused as it is."""
-        w = self.fs.walk(self.ns, path, follow=False)
-        if w.node is None:
-            self._add(w, Inode(S_IFREG | (mode & 0o7777 & ~UMASK)))
-        elif w.node.target is not None:
-            raise _err(errno.ELOOP, path)
-        elif w.node.children is not None:
-            raise _err(errno.EISDIR, path)
-        elif w.node_ro:
-            raise _err(errno.EROFS, path)
+        self._open_for_write(self.fs.walk(self.ns, path, follow=False), mode)
 
     @_op(mutating=True)
     def chmod(self, path, mode):
@@ -819,21 +822,11 @@ class ModelSys:
 
     @_op(mutating=True)
     def unlink(self, path):
-        w = self._existing(path, follow=False)
-        if w.parent is None or w.node.children is not None:
-            raise _err(errno.EISDIR, path)
-        self.fs.remove(self.ns, w)
+        self.fs.remove(self.ns, self.fs.walk(self.ns, path, follow=False), directory=False)
 
     @_op(mutating=True)
     def rmdir(self, path):
-        w = self._existing(path, follow=False)
-        if w.node.children is None:
-            raise _err(errno.ENOTDIR, path)
-        if w.node.children:
-            raise _err(errno.ENOTEMPTY, path)
-        if w.parent is None:
-            raise _err(errno.EBUSY, path)
-        self.fs.remove(self.ns, w)
+        self.fs.remove(self.ns, self.fs.walk(self.ns, path, follow=False), directory=True)
 
     @_op()
     def listdir(self, path):
@@ -922,26 +915,28 @@ class ModelSys:
 
     @_op(mutating=True)
     def open_lock_beneath(self, root, rel):
-        w = self.fs.walk(self.ns, rel, follow=False, root=root)
-        node = w.node or self._add(w, Inode(S_IFREG | (0o644 & ~UMASK)))
-        if node.target is not None:
-            raise _err(errno.ELOOP, rel)
-        return self.world.open_fd(node, self.proc)
+        return self.world.open_fd(self._open_for_write(self.fs.walk(self.ns, rel, follow=False, root=root), 0o644),
+                                  self.proc)
+
+    def _open_for_write(self, w: Walk, mode: int) -> Inode:
+        """open(O_WRONLY|O_CREAT|O_NOFOLLOW), no O_EXCL: create it, or reuse what is there."""
+        if w.node is None:
+            return self._add(w, Inode(S_IFREG | (mode & 0o7777 & ~UMASK)))
+        if w.node.target is not None:
+            raise _err(errno.ELOOP, w.path)
+        if w.node.children is not None:
+            raise _err(errno.EISDIR, w.path)
+        if w.node_ro:
+            raise _err(errno.EROFS, w.path)
+        return w.node
 
     @_op(mutating=True)
     def unlink_beneath(self, root, rel):
-        w = self._existing(rel, follow=False, root=root)
-        if w.node.children is not None:
-            raise _err(errno.EISDIR, rel)
-        self.fs.remove(self.ns, w)
+        self.fs.remove(self.ns, self.fs.walk(self.ns, rel, follow=False, root=root), directory=False)
 
     @_op(mutating=True)
     def touch_beneath(self, root, rel, mode=0o644):
-        w = self.fs.walk(self.ns, rel, follow=False, root=root)
-        if w.node is None:
-            self._add(w, Inode(S_IFREG | (mode & 0o7777 & ~UMASK)))
-        elif w.node.target is not None:
-            raise _err(errno.ELOOP, rel)
+        self._open_for_write(self.fs.walk(self.ns, rel, follow=False, root=root), mode)
 
     @_op(mutating=True)
     def bind_mount_beneath(self, source, root, rel, flags):

@@ -1,0 +1,176 @@
+"""Fidelity of the model backend: the same random operation sequences, run on the model and on the
+real kernel (two real mount namespaces over one shared directory), must give the same observable
+results: return values, errors, modes and sizes, mount tables, what a read returns. Any difference is
+a bug in the model (issue 6, item 4).
+
+The kernel side is two agent processes (this file run as a script), each in a private mount
+namespace of its own, applying the operations with RealSys, the same interface the model implements.
+Each example gets a fresh shared directory and a fresh host directory, in both worlds.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+PATHS = ("f1", "f1", "f2", "d1", "d1/f3", "l1")   # f1 twice: most stories are about one file
+SOURCES = ("a", "b", "hd")            # two host files and a host directory (holding x)
+KINDS = ("create", "mkdir", "unlink", "rmdir", "symlink", "write_new", "bind", "umount", "remount", "chmod",
+         "stat", "lstat", "readlink", "listdir", "read", "mounts",
+         "create", "bind", "bind", "unlink", "unlink", "read", "mounts")   # the seed bug's verbs, more often
+HOST_FILES = {"a": b"\x7fELF" + b"a" * 2044, "b": b"\x7fELF" + b"b" * 4092, "hd/x": b"x" * 100}
+
+# Every sequence starts from a populated directory, so most operations meet something that exists.
+PREAMBLE = [(0, "create", "f1", "a"), (0, "mkdir", "d1", "a"), (0, "create", "d1/f3", "a"), (1, "symlink", "l1", "a")]
+ops = st.lists(st.tuples(st.integers(0, 1), st.sampled_from(KINDS), st.sampled_from(PATHS), st.sampled_from(SOURCES)),
+               max_size=30).map(lambda tail: PREAMBLE + tail)
+
+
+def apply(sys_, root: str, host: str, op, read) -> list:
+    """One operation through a Sys (RealSys or ModelSys), as a comparable result."""
+    _, kind, rel, src = op
+    path = f"{root}/{rel}"
+    try:
+        if kind == "create":
+            sys_.create(path, 0o100644)
+        elif kind == "mkdir":
+            sys_.mkdir(path, 0o755)
+        elif kind == "unlink":
+            sys_.unlink(path)
+        elif kind == "rmdir":
+            sys_.rmdir(path)
+        elif kind == "symlink":
+            sys_.symlink("f1", path)
+        elif kind == "write_new":
+            sys_.write_new_beneath(root, rel, b"nvidia-placeholder-marker\n", 0o644)
+        elif kind == "bind":
+            sys_.bind_mount(f"{host}/{src}", path)
+        elif kind == "umount":
+            sys_.umount(path)
+        elif kind == "remount":
+            sys_.remount(path)
+        elif kind == "chmod":
+            sys_.chmod(path, 0o600)
+        elif kind in ("stat", "lstat"):
+            s = getattr(sys_, kind)(path)
+            size = None if stat.S_ISDIR(s.st_mode) else s.st_size
+            return ["ok", stat.S_IFMT(s.st_mode), stat.S_IMODE(s.st_mode), size]
+        elif kind == "readlink":
+            return ["ok", sys_.readlink(path)]
+        elif kind == "listdir":
+            return ["ok", sorted(sys_.listdir(path))]
+        elif kind == "read":
+            data = read(path)
+            return ["ok", len(data), data[:8].hex()]
+        elif kind == "mounts":
+            return ["ok", sorted([os.path.relpath(m.mountpoint, root), "ro" in m.options.split(",")]
+                                 for m in sys_.mounts() if m.mountpoint.startswith(root + "/"))]
+        return ["ok"]
+    except OSError as e:
+        return ["err", errno.errorcode.get(e.errno, e.errno)]
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def agent() -> None:
+    """Kernel side: a private mount namespace, then one JSON op per line, one JSON result per line."""
+    from gpujail.node import CLONE_NEWNS, _unshare
+    from gpujail.sysops import MS_PRIVATE, MS_REC, RealSys
+    _unshare(CLONE_NEWNS)
+    real = RealSys()
+    real.mount(None, "/", None, MS_REC | MS_PRIVATE)
+    os.umask(0o022)
+    for line in sys.stdin:
+        root, host, op = json.loads(line)
+        print(json.dumps(apply(real, root, host, op, _read_file)), flush=True)
+
+
+@pytest.fixture(scope="module")
+def kernel_pair(tmp_path_factory):
+    if os.getuid() != 0:
+        pytest.skip("the kernel fidelity agents unshare a mount namespace directly: root only "
+                    "(run-tests runs this module as root)")
+    agents = [subprocess.Popen([sys.executable, __file__, "agent"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, cwd=os.path.dirname(os.path.dirname(__file__))) for _ in range(2)]
+    try:
+        yield agents, tmp_path_factory.mktemp("fidelity")
+    finally:
+        for a in agents:
+            a.kill()
+            a.wait()
+
+
+def kernel_run(agents, base, n: int, sequence) -> list:
+    root, host = base / f"{n}" / "shared", base / f"{n}" / "host"
+    root.mkdir(parents=True)
+    (host / "hd").mkdir(parents=True)
+    for name, data in HOST_FILES.items():
+        (host / name).write_bytes(data)
+    out = []
+    for op in sequence:
+        agent = agents[op[0]]
+        agent.stdin.write(json.dumps([str(root), str(host), list(op)]) + "\n")
+        agent.stdin.flush()
+        out.append(json.loads(agent.stdout.readline()))
+    return out
+
+
+def model_run(sequence) -> list:
+    from gpujail.model import ModelFS, World
+    fs = ModelFS()
+    fs.add("/shared", stat.S_IFDIR | 0o755)
+    for name, data in HOST_FILES.items():
+        fs.add(f"/host/{name}", stat.S_IFREG | 0o644, data)
+    fs.seal_host()
+    pair = World.sandbox(fs, 2)
+
+    def reader(ns):
+        def read(path):
+            node = fs.walk(ns, path).node
+            if node is None:
+                raise FileNotFoundError(errno.ENOENT, "", path)
+            if node.children is not None:
+                raise IsADirectoryError(errno.EISDIR, "", path)
+            return node.data
+        return read
+    return [list(apply(pair[op[0]], "/shared", "/host", op, reader(pair[op[0]].ns))) for op in sequence]
+
+
+_examples = iter(range(1_000_000))
+
+
+@pytest.mark.kernel
+@settings(max_examples=300, deadline=None)
+@given(sequence=ops)
+def test_model_and_kernel_agree(kernel_pair, sequence):
+    agents, base = kernel_pair
+    real = kernel_run(agents, base, next(_examples), sequence)
+    model = model_run(sequence)
+    for i, (op, k, m) in enumerate(zip(sequence, real, model)):
+        assert k == m, f"op {i} {op}: kernel {k}, model {m}\n" + "\n".join(
+            f"  {j} {o} -> {r}" for j, (o, r) in enumerate(zip(sequence[:i], real)))
+
+
+@pytest.mark.kernel
+def test_the_seed_bug_sequence_agrees(kernel_pair):
+    """The K-1 story itself, spelled out: mount in ns 0, EBUSY there, unlink from ns 1 detaches."""
+    agents, base = kernel_pair
+    sequence = [(0, "create", "f1", "a"), (0, "bind", "f1", "a"), (1, "read", "f1", "a"), (0, "read", "f1", "a"),
+                (0, "unlink", "f1", "a"), (1, "unlink", "f1", "a"), (0, "mounts", "f1", "a"), (0, "read", "f1", "a")]
+    real = kernel_run(agents, base, next(_examples), sequence)
+    assert real[4] == ["err", "EBUSY"] and real[6] == ["ok", []] and real[7] == ["err", "ENOENT"]
+    assert real == model_run(sequence)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["agent"]:
+    agent()
