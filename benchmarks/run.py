@@ -8,6 +8,8 @@ Figures (each with its comparison measured in the same run, since absolute times
   starts-16        worker starts per second, 16 parallel workers, warm and cold jail (issue 4: 50/s)
   seed-bug         legacy on the deterministic cold-race scenario: reproduction rate, time to the
                    first violation; reference on the same seeds (issue 4: 50/50, median < 1 s)
+  model            model backend: simulated steps/s, time for Hypothesis to find and shrink the
+                   legacy bug, distinct interleavings explored (issue 6: > 20,000/s, < 10 s, <= 12)
 Benchmarks never assert a time; they measure and print.
 """
 from __future__ import annotations
@@ -135,7 +137,7 @@ def main(argv=None) -> int:
     n = 5 if args.quick else 30
     res = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, {platform.platform()}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    wanted = set(args.only or ["warm-inprocess", "warm-process", "starts-16", "seed-bug", "chaos-suite"])
+    wanted = set(args.only or ["warm-inprocess", "warm-process", "starts-16", "seed-bug", "model", "chaos-suite"])
     with tempfile.TemporaryDirectory(prefix="gpujail-bench-") as d:
         tmp = Path(d)
         if "warm-inprocess" in wanted:
@@ -148,6 +150,9 @@ def main(argv=None) -> int:
             res["starts_16_warm_direct"] = bench_starts(tmp / "c", 16, True, "direct")
         if "seed-bug" in wanted:
             res["seed_bug_cold_race"] = bench_seed_bug(tmp / "d", 10 if args.quick else 50)
+        if "model" in wanted:
+            from benchmarks import model
+            res["model"] = model.bench(args.quick)
         if "chaos-suite" in wanted:
             res["chaos_suite_n_auto"] = chaos_suite_wall()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

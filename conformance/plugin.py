@@ -67,6 +67,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "req(*ids): the SPEC requirement IDs this test checks")
     config.addinivalue_line("markers", "kernel: needs the kernel backend")
     config.addinivalue_line("markers", "scale: a big run (128 workers); deselected unless `-m scale`")
+    config.addinivalue_line("markers", "model: runs in the model backend's simulation; collected with --backend model")
     backend = option(config, "backend")
     if backend not in BACKENDS:
         raise pytest.UsageError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
@@ -125,6 +126,13 @@ def pytest_collection_modifyitems(config, items):
         if big:
             config.hook.pytest_deselected(items=big)
             items[:] = [i for i in items if not i.get_closest_marker("scale")]
+    # `--backend model` runs the tests written for the simulation (marker `model`), every other
+    # backend runs the rest: each collects its own, and the deselected are counted, never skipped.
+    on_model = option(config, "backend") == "model"
+    other = [i for i in items if bool(i.get_closest_marker("model")) != on_model]
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = [i for i in items if i not in other]
     exp = config._gpujail_expectations
     for item in items:
         ids = requirement_ids(item)

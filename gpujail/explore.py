@@ -40,14 +40,16 @@ def fault(name: str, hit: int, action: str) -> str:
     return f"{name}={hit - 1}*off->1*{action}" if hit > 1 else f"{name}=1*{action}"
 
 
-def plans(workers: int = 2, points=tuple(failpoints.REGISTRY), max_hit: int = 4, max_steps: int = 400):
+def plans(workers: int = 2, points=tuple(failpoints.REGISTRY), max_hit: int = 4, max_steps: int = 400,
+          faults: bool = True):
+    """Plans for `workers` workers; with faults=False, interleavings only."""
     worker = st.integers(0, workers - 1)
-    faults = st.dictionaries(worker, st.builds(fault, st.sampled_from(points), st.integers(1, max_hit),
-                                               st.sampled_from(ACTIONS)), max_size=workers)
+    fault_specs = st.dictionaries(worker, st.builds(fault, st.sampled_from(points), st.integers(1, max_hit),
+                                                    st.sampled_from(ACTIONS)), max_size=workers)
     return st.fixed_dictionaries({
         "schedule": st.lists(st.tuples(worker, st.integers(1, 60)), max_size=12),
-        "faults": faults,
-        "crashes": st.dictionaries(worker, st.integers(1, max_steps), max_size=1),
+        "faults": fault_specs if faults else st.just({}),
+        "crashes": st.dictionaries(worker, st.integers(1, max_steps), max_size=1) if faults else st.just({}),
     })
 
 

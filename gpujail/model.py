@@ -323,9 +323,13 @@ class Step:
     seq: int
     worker: str
     op: str
-    detail: str
+    args: tuple              # formatted only when someone reads the trace: steps are the hot path
     error: str = ""
-    mutating: bool = False
+    effect: str = ""         # "" (looks), "write" or "remove"
+
+    @property
+    def detail(self) -> str:
+        return " ".join(oct(a) if isinstance(a, int) else str(a) for a in self.args if not isinstance(a, bytes))
 
 
 @dataclass
@@ -479,12 +483,14 @@ class World:
                 self.violate("INV-5", f"{w.name} reported ready but {rel} {loader_view(seen)}")
 
     # -- the baton ---------------------------------------------------------------------------------
-    def step(self, proc: Proc, op: str, detail: str, mutating: bool) -> Step:
+    def step(self, proc: Proc, op: str, args: tuple, effect: str) -> Step:
         w = proc.worker
         if self.free:
-            return Step(0, w.name, op, detail)
+            return Step(0, w.name, op, args)
         if self.dirty:
             self.check()
+        if self.fs.outside_changes:
+            self.violate("INV-3", f"changed outside the jail: {self.fs.outside_changes[0]}")
         if self.stopping or not proc.living():
             raise Killed("stopped")
         w.steps += 1
@@ -500,10 +506,12 @@ class World:
             self._switch(w, self.scheduler.pick(self.runnable(), w))
         if self.stopping or not proc.living():
             raise Killed("stopped")
-        entry = Step(len(self.trace) + 1, w.name, op, detail, mutating=mutating)
+        entry = Step(len(self.trace) + 1, w.name, op, args, effect=effect)
         self.trace.append(entry)
         self.order.append(w.index)
-        self.dirty = mutating
+        # Only a removal can take a file from a ready worker: its own mounts are done (it has
+        # finished), and new entries or mounts elsewhere never change what its paths resolve to.
+        self.dirty = effect == "remove"
         return entry
 
     def runnable(self) -> list[Worker]:
@@ -554,14 +562,12 @@ class World:
             self.trace_event(w, kind, " ".join(f"{k}={v}" for k, v in fields.items() if k != "argv"))
 
     def trace_event(self, w: Worker, kind: str, detail: str) -> None:
-        self.trace.append(Step(len(self.trace) + 1, w.name, kind, detail))
+        self.trace.append(Step(len(self.trace) + 1, w.name, kind, (detail,)))
 
     # -- invariants --------------------------------------------------------------------------------
     def check(self) -> None:
-        """INV-1 after every step that changed something; INV-3's outside-the-jail half."""
+        """INV-1 after every step that removed something (see `step`)."""
         self.dirty = False
-        if self.fs.outside_changes:
-            self.violate("INV-3", f"changed outside the jail: {self.fs.outside_changes[0]}")
         for w in self.workers:
             if w.state != "ready":
                 continue
@@ -609,7 +615,7 @@ class World:
         violation (or, with full, every step)."""
         lines = []
         for s in self.trace:
-            if full or s.mutating or s.op in INTERESTING:
+            if full or s.effect or s.op in INTERESTING:
                 lines.append(f"{s.seq:5}  {s.worker:<4} {s.op:<18} {s.detail}{'  -> ' + s.error if s.error else ''}")
         for v in self.violations:
             lines.append(f"{v.seq:5}  VIOLATION {v.invariant}: {v.message}")
@@ -739,14 +745,14 @@ def snapshot(fs: ModelFS) -> dict[str, tuple]:
 
 # -- the interface -----------------------------------------------------------------------------
 
-def _op(mutating: bool = False):
-    """Make a ModelSys method a scheduling point, traced with its outcome."""
+def _op(effect: str = ""):
+    """Make a ModelSys method a scheduling point, traced with its outcome. `effect`: "" for a look,
+    "write" for anything that changes the tree or a mount table, "remove" for unlink and rmdir."""
     def wrap(fn):
         name = fn.__name__
 
         def op(self, *args, **kw):
-            entry = self.world.step(self.proc, name, " ".join(oct(a) if isinstance(a, int) else str(a)
-                                                              for a in args if not isinstance(a, bytes)), mutating)
+            entry = self.world.step(self.proc, name, args, effect)
             try:
                 return fn(self, *args, **kw)
             except OSError as e:
@@ -801,30 +807,30 @@ class ModelSys:
             return os.path.normpath("/".join([w.path, *parts[i:]]))
         return os.path.normpath(path)
 
-    @_op(mutating=True)
+    @_op("write")
     def symlink(self, target, path):
         self._add(self._new_entry(path), Inode(S_IFLNK | 0o777, target=target))
 
-    @_op(mutating=True)
+    @_op("write")
     def mkdir(self, path, mode):
         self._add(self._new_entry(path), Inode(S_IFDIR | (mode & 0o7777 & ~UMASK)))
 
-    @_op(mutating=True)
+    @_op("write")
     def create(self, path, mode):
         """open(O_NOFOLLOW|O_CREAT), no O_EXCL, no O_TRUNC: an existing file is reused as it is."""
         self._open_for_write(self.fs.walk(self.ns, path, follow=False), mode)
 
-    @_op(mutating=True)
+    @_op("write")
     def chmod(self, path, mode):
         w = self._existing(path)
         self.fs.changing(w.node, path, w.node_ro)
         w.node.mode = st.S_IFMT(w.node.mode) | (mode & 0o7777)
 
-    @_op(mutating=True)
+    @_op("remove")
     def unlink(self, path):
         self.fs.remove(self.ns, self.fs.walk(self.ns, path, follow=False), directory=False)
 
-    @_op(mutating=True)
+    @_op("remove")
     def rmdir(self, path):
         self.fs.remove(self.ns, self.fs.walk(self.ns, path, follow=False), directory=True)
 
@@ -847,7 +853,7 @@ class ModelSys:
         return node
 
     # -- mounts ------------------------------------------------------------------------------------
-    @_op(mutating=True)
+    @_op("write")
     def bind_mount(self, source, target):
         self._bind(self._existing(source).node, self._existing(target))
 
@@ -860,7 +866,7 @@ class ModelSys:
         self.fs.next_mount_id += 1
         self.ns.mounts.setdefault(key, []).append(ModelMount(self.fs.next_mount_id, key, source, w.path))
 
-    @_op(mutating=True)
+    @_op("write")
     def remount(self, target, flags=MS_RDONLY):
         self._mount_at(self._existing(target)).readonly = bool(flags & MS_RDONLY)
 
@@ -870,7 +876,7 @@ class ModelSys:
             raise _err(errno.EINVAL, w.path)
         return mount
 
-    @_op(mutating=True)
+    @_op("write")
     def umount(self, target, flags=0):
         w = self._existing(target)
         mount = self._mount_at(w)
@@ -905,15 +911,15 @@ class ModelSys:
     def stat_beneath(self, root, rel):
         return self._existing(rel, root=root).node.stat()
 
-    @_op(mutating=True)
+    @_op("write")
     def mkdir_beneath(self, root, rel, mode):
         self._add(self._new_entry(rel, root), Inode(S_IFDIR | (mode & 0o7777)))
 
-    @_op(mutating=True)
+    @_op("write")
     def write_new_beneath(self, root, rel, data, mode):
         self._add(self._new_entry(rel, root), Inode(S_IFREG | (mode & 0o7777), bytes(data)))
 
-    @_op(mutating=True)
+    @_op("write")
     def open_lock_beneath(self, root, rel):
         return self.world.open_fd(self._open_for_write(self.fs.walk(self.ns, rel, follow=False, root=root), 0o644),
                                   self.proc)
@@ -930,15 +936,15 @@ class ModelSys:
             raise _err(errno.EROFS, w.path)
         return w.node
 
-    @_op(mutating=True)
+    @_op("remove")
     def unlink_beneath(self, root, rel):
         self.fs.remove(self.ns, self.fs.walk(self.ns, rel, follow=False, root=root), directory=False)
 
-    @_op(mutating=True)
+    @_op("write")
     def touch_beneath(self, root, rel, mode=0o644):
         self._open_for_write(self.fs.walk(self.ns, rel, follow=False, root=root), mode)
 
-    @_op(mutating=True)
+    @_op("write")
     def bind_mount_beneath(self, source, root, rel, flags):
         w = self._existing(rel, follow=False, root=root)
         self._bind(self._existing(source).node, w)

@@ -1,0 +1,70 @@
+"""Model-backend figures (issue 6): simulated steps per second, time for Hypothesis to find and shrink
+the legacy bug, and how many distinct interleavings an exploration covers against the total.
+
+    python -m benchmarks.model [--quick]
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+from gpujail import explore
+from gpujail.model import World
+
+
+def steps_per_second(repeats: int) -> dict:
+    """Eight workers on the full driver (all capabilities): one after the other, and with a worker
+    switch every 3 steps (the baton handed between threads each time)."""
+    out = {}
+    for label, schedule in (("sequential", []), ("switch-every-3", [(i % 8, 3) for i in range(4000)])):
+        rates, steps = [], 0
+        for _ in range(repeats):
+            t = time.perf_counter()
+            world = World("reference", 8, driver=None, capabilities="all", schedule=schedule).run()
+            rates.append(len(world.order) / (time.perf_counter() - t))
+            steps = len(world.order)
+            assert not world.violations and all(w.exits == [0] for w in world.workers)
+        out[label] = {"steps": steps, "median_steps_per_s": round(statistics.median(rates))}
+    out["switching_cost_ratio"] = round(out["sequential"]["median_steps_per_s"]
+                                        / out["switch-every-3"]["median_steps_per_s"], 2)
+    return out
+
+
+def find_and_shrink(seeds: int) -> dict:
+    times, sizes, lines, examples = [], [], [], []
+    for seed in range(seeds):
+        t = time.perf_counter()
+        plan, exploration = explore.find_violation("legacy", seed=seed, max_examples=5000)
+        times.append(time.perf_counter() - t)
+        world = explore.simulate("legacy", plan)
+        sizes.append(explore.size(plan))
+        lines.append(len(world.report().splitlines()))
+        examples.append(exploration.examples)
+    return {"seeds": seeds, "found": len(times), "median_s": round(statistics.median(times), 2),
+            "max_s": round(max(times), 2), "median_examples": statistics.median(examples),
+            "plan_size_max": max(sizes), "trace_lines_median": statistics.median(lines)}
+
+
+def interleavings(examples: int) -> dict:
+    """2 workers, 3-file driver, reference, faults off: distinct interleavings Hypothesis ran."""
+    exploration = explore.Exploration("reference", 2, explore.SMALL_DRIVER)
+    from hypothesis import given, settings
+    @settings(**explore.SETTINGS, max_examples=examples, database=None)
+    @given(plan=explore.plans(2, faults=False))
+    def run(plan):
+        exploration(plan)
+    run()
+    total = exploration.total_interleavings()
+    return {"examples": exploration.examples, "distinct": len(exploration.interleavings),
+            "total": f"{total:.3e}", "fraction": f"{len(exploration.interleavings) / total:.1e}"}
+
+
+def bench(quick: bool = False) -> dict:
+    return {"steps": steps_per_second(2 if quick else 5), "legacy_find_shrink": find_and_shrink(2 if quick else 10),
+            "interleavings_2x3": interleavings(100 if quick else 1000)}
+
+
+if __name__ == "__main__":
+    print(json.dumps(bench("--quick" in sys.argv), indent=1))
