@@ -36,7 +36,7 @@ def find_and_shrink(seeds: int) -> dict:
     times, sizes, lines, examples = [], [], [], []
     for seed in range(seeds):
         t = time.perf_counter()
-        plan, exploration = explore.find_violation("legacy", seed=seed, max_examples=5000)
+        plan, exploration = explore.find_violation("legacy", seed=seed, max_examples=5000, database=None)
         times.append(time.perf_counter() - t)
         world = explore.simulate("legacy", plan)
         sizes.append(explore.size(plan))

@@ -91,10 +91,14 @@ class Exploration:
 
 
 def find_violation(impl: str, workers: int = 2, driver=SMALL_DRIVER, seed: int | None = None,
-                   max_examples: int = 2000, database=None) -> tuple[dict | None, Exploration]:
-    """The shortest plan that breaks an invariant for `impl` (None if none in max_examples)."""
+                   max_examples: int = 2000, database="default") -> tuple[dict | None, Exploration]:
+    """The shortest plan that breaks an invariant for `impl` (None if none in max_examples). Found
+    plans are kept in Hypothesis's example database (./.hypothesis, unless `database` says otherwise)
+    and tried first next time."""
     exploration = Exploration(impl, workers, driver)
-    kw = dict(SETTINGS, max_examples=max_examples, database=database)
+    kw = dict(SETTINGS, max_examples=max_examples)
+    if database != "default":
+        kw["database"] = database
     try:
         plan = find(plans(workers), lambda p: bool(exploration(p).violations), settings=settings(**kw),
                     random=random.Random(seed) if seed is not None else None, database_key=f"explore:{impl}".encode())
