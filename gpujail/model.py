@@ -285,7 +285,7 @@ class Worker:
     spec: str = ""                       # failpoints of its first attempt (transient faults)
     crash_at: int | None = None          # its implementation is SIGKILLed before this step
     steps: int = 0
-    state: str = "new"                   # new, runnable, blocked, ready, failed, done
+    state: str = "new"                   # new, runnable, blocked, ready (finished ready), done
     ns: Namespace | None = None
     proc: Proc | None = None
     waiting_since: int = 0
@@ -371,7 +371,6 @@ class World:
         self.order: list[int] = []             # who took each step: the interleaving, for counting
         self.free = False                      # sandbox(): no scheduling, no invariants
         self.violations: list[Violation] = []
-        self.current: Worker | None = None
         self.stopping = False
         self.dirty = False
         self.error: BaseException | None = None
@@ -384,9 +383,10 @@ class World:
 
     # -- running -----------------------------------------------------------------------------------
     def run(self) -> World:
-        from reference_impl import core
+        from reference_impl import core, direct, legacy, reference
         from reference_impl import mutants as _mutants
-        saved = dict(core.__dict__)
+        patched = (core, direct, legacy, reference)   # what a mutant may replace; restored after
+        saved = [dict(m.__dict__) for m in patched]
         streams = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Routed("stdout", streams[0]), _Routed("stderr", streams[1])
         try:
@@ -403,8 +403,9 @@ class World:
                 t.join()
         finally:
             sys.stdout, sys.stderr = streams
-            core.__dict__.clear()
-            core.__dict__.update(saved)
+            for module, namespace in zip(patched, saved):
+                module.__dict__.clear()
+                module.__dict__.update(namespace)
         if self.error is not None:
             raise self.error
         if not self.violations:
@@ -520,7 +521,6 @@ class World:
     def _switch(self, me: Worker | None, to: Worker) -> None:
         if to is me:
             return
-        self.current = to
         to.granted = True
         to.sem.release()
         if me is not None:
