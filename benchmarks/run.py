@@ -1,20 +1,28 @@
-"""Benchmarks: every performance figure side by side, medians of repeated runs, as a table and JSON.
+"""Benchmarks: every performance figure side by side, as one table (and JSON), with the machine and the
+date. Benchmarks measure and print; they never assert a time.
 
-    python -m benchmarks.run [--quick] [--json reports/benchmarks.json]
+    python -m benchmarks.run [--quick] [--only NAME ...] [--json reports/benchmarks.json]
 
-Figures (each with its comparison measured in the same run, since absolute times drift):
-  warm-inprocess   reference's warm path in-process, given the `list` output (issue 3: < 5 ms)
-  warm-process     reference vs example-shell vs direct as whole processes on the same warm jail
-  starts-16        worker starts per second, 16 parallel workers, warm and cold jail (issue 4: 50/s)
-  seed-bug         legacy on the deterministic cold-race scenario: reproduction rate, time to the
-                   first violation; reference on the same seeds (issue 4: 50/50, median < 1 s)
-  model            model backend: simulated steps/s, time for Hypothesis to find and shrink the
-                   legacy bug, distinct interleavings explored (issue 6: > 20,000/s, < 10 s, <= 12)
-Benchmarks never assert a time; they measure and print.
+How this works
+--------------
+Each figure is one function below, listed in `FIGURES`. It returns table rows: what was measured
+(median of repeated runs), and the comparison measured *in the same run* with the ratio, since
+absolute times drift on shared machines. `--quick` repeats less (a smoke run, also in the self-tests).
+
+  seed-bug     legacy reproducing the seed bug, deterministic and randomised, 2 and 8 workers;
+               reference on the same seeds
+  starts       worker starts/s, reference, direct, example-shell, warm and cold jail, 1/16/128 workers
+  paths        reference's warm path in-process vs as a process; direct vs reference start to ready;
+               the cold path with 16 contending workers (last lock wait, markers created once)
+  docker       container worker starts/s against process workers (when an engine runs)
+  model        model backend: steps/s, time to find and shrink the legacy bug, interleavings explored
+  suites       the default self-test run and the default chaos set under pytest -n auto
+  memory       peak memory of a 128-worker run (harness and every node process)
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -28,137 +36,276 @@ from pathlib import Path
 
 from chaos import runner, scenario
 from fixtures.jail import make_jail
-from gpujail import kernel
+from gpujail import history, kernel
 from gpujail.contract import start_worker
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def median_ms(xs) -> float:
-    return round(statistics.median(xs) * 1000, 2)
+@dataclasses.dataclass
+class Row:
+    figure: str
+    value: str
+    comparison: str = ""
+    ratio: float | None = None
 
 
-def warm_fleet(tmp: Path, impl: str = "reference"):
+def median(xs) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b else None
+
+
+# -- seed bug ---------------------------------------------------------------------------------------
+
+def seed_bug(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    runs = 3 if quick else 20
+    rows, raw = [], {}
+    for name in ("cold-race", "cold-race-random"):
+        for workers in (2, 8):
+            sc = dataclasses.replace(scenario.load(name), gpu_workers=workers)
+            result = {}
+            for impl in ("legacy", "reference"):
+                times, broken = [], 0
+                for seed in range(runs):
+                    r = runner.run(sc, impl, tmp / f"{name}-{workers}-{impl}-{seed}", seed=seed)
+                    if r.verdict.valid is False and r.verdict.first_violation:
+                        broken += 1
+                        begin = next(e["t"] for e in history.load(str(r.history_path)) if e["kind"] == "chaos.begin")
+                        times.append(r.verdict.first_violation["t"] - begin)
+                result[impl] = {"runs": runs, "violations": broken, "median_s_to_violation": median(times)}
+            raw[f"{name}/{workers}"] = result
+            lg = result["legacy"]
+            when = f", median {lg['median_s_to_violation']:.2f} s to the first lost file" if lg["violations"] else ""
+            rows.append(Row(f"seed bug, legacy, {name}, {workers} workers", f"{lg['violations']}/{runs}{when}",
+                            f"reference {result['reference']['violations']}/{runs}"))
+    return rows, raw
+
+
+# -- starts per second ---------------------------------------------------------------------------------
+
+def start_many(fleet, impl: str, workers: int, prefix: str) -> tuple[int, float]:
+    """Start `workers` workers at once; (how many became ready, wall seconds)."""
+    results = {}
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, start_worker(fleet, f"{prefix}{i}", impl)))
+               for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(w.ready for w in results.values()), time.monotonic() - t0
+
+
+def starts(tmp: Path, quick: bool, fleet_class=kernel.Fleet, impls=("reference", "direct", "example-shell"),
+           sizes=(1, 16, 128)) -> tuple[list[Row], dict]:
+    """Starts per second: `n` workers started at once, each on its own node, median over repeats
+    (a fresh jail each time, prewarmed by one worker for the warm figures)."""
+    rows, raw = [], {}
+    sizes = sizes[:2] if quick else sizes
+    for warm in (True, False):
+        for n in sizes:
+            rate = {}
+            for impl in impls:
+                rates = []
+                for rep in range(1 if quick else {1: 7, 16: 3}.get(n, 1)):
+                    jail = make_jail(tmp / f"jail-{impl}-{warm}-{n}-{rep}")
+                    with fleet_class(jail, {}) as fleet:
+                        if warm:
+                            assert start_worker(fleet, "prewarm", impl).ready
+                        ready, wall = start_many(fleet, impl, n, "w")
+                    rates.append(ready / wall)
+                rate[impl] = median(rates)
+                raw[f"{impl}/{'warm' if warm else 'cold'}/{n}"] = {"workers": n, "starts_per_s": [round(r, 2) for r in rates]}
+            for impl in impls:
+                rows.append(Row(f"starts/s, {impl}, {'warm' if warm else 'cold'}, {n} worker{'s' * (n > 1)}",
+                                f"{rate[impl]:.1f}/s", "" if impl == "reference" else f"reference {rate['reference']:.1f}/s",
+                                None if impl == "reference" else ratio(rate[impl], rate["reference"])))
+    return rows, raw
+
+
+# -- the paths: warm, direct vs reference, cold with contention -----------------------------------------
+
+def paths(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    n = 5 if quick else 30
     jail = make_jail(tmp / "jail")
-    fleet = kernel.Fleet.recording(jail, tmp)
-    w = start_worker(fleet, "prewarm", impl)
-    assert w.ready, w.attempts[-1].stderr
-    return fleet, jail, w.node
-
-
-def bench_warm_inprocess(tmp: Path, n: int) -> dict:
-    fleet, jail, node = warm_fleet(tmp)
-    with fleet:
+    with kernel.Fleet.recording(jail, tmp / "run") as fleet:
+        first = start_worker(fleet, "prewarm", "reference")
+        assert first.ready, first.attempts[-1].stderr
         listing = tmp / "list.txt"
-        listing.write_text(node.cli("list").stdout)
-        env = node.contract_env()
-        r = node.run([sys.executable, "-m", "benchmarks.warm_path", str(listing), str(n)], env=env)
-        data = json.loads(r.stdout)
-    return {"median_ms": median_ms(data["times"]), "p90_ms": round(sorted(data["times"])[int(n * 0.9)] * 1000, 2),
-            "files": data["files"], "missing": data["missing"], "runs": n}
-
-
-def bench_warm_process(tmp: Path, n: int) -> dict:
-    out = {}
-    fleet, jail, _ = warm_fleet(tmp)
-    with fleet:
-        for impl in ("reference", "example-shell", "direct"):
+        listing.write_text(first.node.cli("list").stdout)
+        r = first.node.run([sys.executable, "-m", "benchmarks.warm_path", str(listing), str(n * 10)],
+                           env=first.node.contract_env())
+        inproc = json.loads(r.stdout)
+        process = {}
+        for impl in ("reference", "direct", "example-shell"):
             times = []
             for i in range(n):
                 w = start_worker(fleet, f"{impl}-{i}", impl)
                 assert w.ready, w.attempts[-1].stderr
                 times.append(w.attempts[-1].duration)
                 w.node.kill()
-            out[impl] = median_ms(times)
-    out["ratio_example_shell_over_reference"] = round(out["example-shell"] / out["reference"], 2)
-    out["ratio_direct_over_reference"] = round(out["direct"] / out["reference"], 2)
-    return out
+            process[impl] = median(times)
+    warm_in = median(inproc["times"])
+    rows = [Row(f"reference warm path in-process ({inproc['files']} files, no lock)", ms(warm_in),
+                f"as a process {ms(process['reference'])}", ratio(warm_in, process["reference"])),
+            Row("direct, start to ready, warm jail", ms(process["direct"]), f"reference {ms(process['reference'])}",
+                ratio(process["direct"], process["reference"])),
+            Row("example-shell, start to ready, warm jail", ms(process["example-shell"]),
+                f"reference {ms(process['reference'])}", ratio(process["example-shell"], process["reference"]))]
+    cold, raw_cold = cold_contention(tmp / "cold")
+    return rows + cold, {"warm_inprocess_s": warm_in, "start_to_ready_s": process, "cold_16": raw_cold}
 
 
-def bench_starts(tmp: Path, workers: int, warm: bool, impl: str = "reference") -> dict:
-    jail = make_jail(tmp / f"jail-{impl}-{warm}")
-    with kernel.Fleet(jail, {}) as fleet:
-        if warm:
-            assert start_worker(fleet, "prewarm", impl).ready
-        results = {}
-        t0 = time.monotonic()
-        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, start_worker(fleet, f"w{i}", impl)))
-                   for i in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.monotonic() - t0
-    ready = sum(w.ready for w in results.values())
-    return {"workers": workers, "ready": ready, "wall_s": round(wall, 2), "starts_per_s": round(ready / wall, 1)}
+def cold_contention(tmp: Path, workers: int = 16) -> tuple[list[Row], dict]:
+    """16 reference workers on a cold jail: the last one's wait for the placeholder lock, against
+    the median wait, and the markers created (each file once: equal to the missing count)."""
+    jail = make_jail(tmp / "jail")
+    with kernel.Fleet.recording(jail, tmp / "run") as fleet:
+        ready, wall = start_many(fleet, "reference", workers, "c")
+        events = fleet.history()
+    waits = [e["waited"] for e in history.select(events, "impl.lock.acquired") if e.get("lock", "").endswith("placeholders.lock")]
+    markers = history.select(events, "impl.marker")
+    missing = max((e["missing"] for e in history.select(events, "impl.placeholders")), default=0)
+    raw = {"ready": ready, "wall_s": round(wall, 2), "lock_waits_s": sorted(waits), "markers": len(markers),
+           "distinct_markers": len({e["path"] for e in markers}), "missing_at_start": missing}
+    return [Row(f"cold path, {workers} workers: last lock wait", ms(max(waits, default=0.0)),
+                f"median wait {ms(median(waits))}", ratio(max(waits, default=0.0), median(waits))),
+            Row(f"cold path, {workers} workers: markers created", f"{len(markers)} ({raw['distinct_markers']} distinct)",
+                f"files missing at start {missing}", ratio(len(markers), missing))], raw
 
 
-def bench_seed_bug(tmp: Path, runs: int) -> dict:
-    out = {}
-    sc = scenario.load("cold-race")
-    for impl in ("legacy", "reference"):
-        times, broken, walls = [], 0, []
-        for seed in range(runs):
-            t = time.monotonic()
-            r = runner.run(sc, impl, tmp / f"{impl}-{seed}", seed=seed)
-            walls.append(time.monotonic() - t)
-            if r.verdict.valid is False and r.verdict.first_violation:
-                broken += 1
-                begin = next(e["t"] for e in _load(r.history_path) if e["kind"] == "chaos.begin")
-                times.append(r.verdict.first_violation["t"] - begin)
-        out[impl] = {"runs": runs, "violations": broken,
-                     "median_time_to_violation_s": round(statistics.median(times), 3) if times else None,
-                     "median_run_s": round(statistics.median(walls), 2)}
-    return out
+# -- docker, model, suites, memory --------------------------------------------------------------------
+
+def docker(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    try:
+        from gpujail import docker_backend
+    except ImportError:
+        return [Row("container starts/s", "not measured: no docker backend in this build")], {}
+    reason = docker_backend.precondition()
+    if reason:
+        return [Row("container starts/s", f"not measured: {reason}")], {}
+    return starts(tmp, quick, fleet_class=docker_backend.Fleet, impls=("reference",), sizes=(1, 16))
 
 
-def _load(path):
-    from gpujail import history
-    return history.load(str(path))
+def model(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    from benchmarks import model as m
+    raw = m.bench(quick)
+    s, f, i = raw["steps"], raw["legacy_find_shrink"], raw["interleavings_2x3"]
+    return [Row("model steps/s, 8 workers, full driver, one after the other", f"{s['sequential']['median_steps_per_s']:,}/s",
+                f"switching every 3 steps {s['switch-every-3']['median_steps_per_s']:,}/s", s["switching_cost_ratio"]),
+            Row(f"model: find and shrink the legacy bug ({f['seeds']} seeds)", f"median {f['median_s']} s, max {f['max_s']} s",
+                f"plan size <= {f['plan_size_max']}, trace {f['trace_lines_median']} lines"),
+            Row(f"model: distinct interleavings, 2 workers, 3 files, {i['examples']} examples", f"{i['distinct']}",
+                f"of {i['total']}")], raw
 
 
-def chaos_suite_wall() -> dict:
-    t = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "auto", "-p", "no:cacheprovider", "chaos"],
-                       cwd=REPO, capture_output=True, text=True)
-    return {"wall_s": round(time.monotonic() - t, 1), "result": (p.stdout.strip().splitlines() or [""])[-1]}
+def suites(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    raw = {}
+    for name, args in (("self-tests", ["tests"]), ("chaos", ["chaos"])):
+        t = time.monotonic()
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "auto", "-p", "no:cacheprovider", *args],
+                           cwd=REPO, capture_output=True, text=True)
+        raw[name] = {"wall_s": round(time.monotonic() - t, 1), "result": (p.stdout.strip().splitlines() or [""])[-1]}
+    return [Row("self-tests, pytest -n auto", f"{raw['self-tests']['wall_s']} s", raw["self-tests"]["result"]),
+            Row("default chaos set, pytest -n auto", f"{raw['chaos']['wall_s']} s", raw["chaos"]["result"])], raw
+
+
+def memory(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """Peak resident memory of a 128-worker chaos run: the harness and every process below it
+    (nodes, implementations, CLIs), sampled every 50 ms."""
+    sc = scenario.load("scale-128")
+    if quick:
+        sc = dataclasses.replace(sc, gpu_workers=16)
+    peak, stop = [0, 0], threading.Event()
+
+    def sample():
+        while not stop.wait(0.05):
+            rss, procs = tree_rss(os.getpid())
+            if rss > peak[0]:
+                peak[:] = [rss, procs]
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        r = runner.run(sc, "reference", tmp / "run", seed=0, timeout=600)
+    finally:
+        stop.set()
+        sampler.join()
+    workers = sc.gpu_workers
+    raw = {"workers": workers, "peak_rss_mib": round(peak[0] / 2**20, 1), "processes_at_peak": peak[1],
+           "valid": r.verdict.valid}
+    return [Row(f"peak memory, {workers}-worker chaos run", f"{raw['peak_rss_mib']} MiB ({peak[1]} processes)",
+                f"per worker {raw['peak_rss_mib'] / workers:.1f} MiB")], raw
+
+
+def tree_rss(root: int) -> tuple[int, int]:
+    """Resident bytes of `root` and all its descendants (from /proc), and how many processes."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        children.setdefault(int(fields[1]), []).append(pid)
+        rss[pid] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    total, count, todo = 0, 0, [root]
+    while todo:
+        pid = todo.pop()
+        total, count = total + rss.get(pid, 0), count + 1
+        todo += children.get(pid, [])
+    return total, count
+
+
+FIGURES = {"seed-bug": seed_bug, "starts": starts, "paths": paths, "docker": docker, "model": model,
+           "suites": suites, "memory": memory}
+
+
+def table(rows: list[Row]) -> str:
+    head = ("figure", "median", "comparison (same run)", "ratio")
+    cells = [head] + [(r.figure, r.value, r.comparison, "" if r.ratio is None else f"{r.ratio:g}x") for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(4)]
+    line = lambda c: "| " + " | ".join(x.ljust(w) for x, w in zip(c, widths)) + " |"
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells[1:])])
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and sizes (a smoke run)")
+    ap.add_argument("--only", nargs="*", choices=sorted(FIGURES), default=None)
     ap.add_argument("--json", default="reports/benchmarks.json")
-    ap.add_argument("--only", nargs="*", default=None)
     args = ap.parse_args(argv)
     reason = kernel.precondition()
     if reason:
         print(f"benchmarks: {reason}", file=sys.stderr)
         return 2
-    n = 5 if args.quick else 30
-    res = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, {platform.platform()}",
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    wanted = set(args.only or ["warm-inprocess", "warm-process", "starts-16", "seed-bug", "model", "chaos-suite"])
+    memory_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores, {memory_gib:.0f} GiB, Linux {platform.release()}, "
+               f"Python {platform.python_version()}")
+    out = {"machine": machine, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "quick": args.quick,
+           "figures": {}}
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="gpujail-bench-") as d:
-        tmp = Path(d)
-        if "warm-inprocess" in wanted:
-            res["warm_inprocess"] = bench_warm_inprocess(tmp / "a", 200 if not args.quick else 20)
-        if "warm-process" in wanted:
-            res["warm_process_ms"] = bench_warm_process(tmp / "b", n)
-        if "starts-16" in wanted:
-            res["starts_16_warm"] = bench_starts(tmp / "c", 16, True)
-            res["starts_16_cold"] = bench_starts(tmp / "c", 16, False)
-            res["starts_16_warm_direct"] = bench_starts(tmp / "c", 16, True, "direct")
-        if "seed-bug" in wanted:
-            res["seed_bug_cold_race"] = bench_seed_bug(tmp / "d", 10 if args.quick else 50)
-        if "model" in wanted:
-            from benchmarks import model
-            res["model"] = model.bench(args.quick)
-        if "chaos-suite" in wanted:
-            res["chaos_suite_n_auto"] = chaos_suite_wall()
+        for name in args.only or FIGURES:
+            t = time.monotonic()
+            print(f"... {name}", file=sys.stderr, flush=True)
+            new, raw = FIGURES[name](Path(d) / name, args.quick)
+            rows += new
+            out["figures"][name] = {"rows": [dataclasses.asdict(r) for r in new], "raw": raw,
+                                    "seconds": round(time.monotonic() - t, 1)}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(res, indent=1))
-    for k, v in res.items():
-        print(f"{k:28} {v}")
+    Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    print(f"{out['date']} on {machine}{' (--quick)' if args.quick else ''}\n\n{table(rows)}\n\nJSON: {args.json}")
     return 0
 
 
