@@ -1,0 +1,33 @@
+"""The benchmark runner's own parts (the figures themselves are measured, never asserted)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from benchmarks.run import Row, table, tree_pss
+
+
+def test_table_lines_up_and_shows_ratios():
+    text = table([Row("starts/s, direct", "15.0/s", "reference 12.3/s", 1.22), Row("model steps/s", "60,000/s")])
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1          # every line as wide as the header
+    assert "1.22x" in lines[2] and "60,000/s" in lines[3] and lines[1].startswith("|---")
+
+
+def test_memory_of_a_process_tree_counts_children():
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(30)"])
+    try:
+        import time
+        time.sleep(1.0)
+        alone = tree_pss(child.pid)[0]
+        both, count = tree_pss(os.getpid())
+        assert alone > 60 << 20 and both > alone and count >= 2
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_unknown_figure_is_one_usage_line():
+    p = subprocess.run([sys.executable, "-m", "benchmarks.run", "--only", "nosuch"], capture_output=True, text=True)
+    assert p.returncode == 2 and "invalid choice: 'nosuch'" in p.stderr and "Traceback" not in p.stderr
