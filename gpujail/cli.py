@@ -173,9 +173,15 @@ class TestCounter:
             self.failed += report.failed
 
 
+_terminal = None
+
+
 def terminal():
     """The real standard output, even while pytest captures file descriptor 1 or we redirect sys.stdout."""
-    return os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    global _terminal
+    if _terminal is None:
+        _terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    return _terminal
 
 
 def remove_tree(path: Path) -> None:
@@ -412,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpujail: interrupted", file=sys.stderr)
         return EXIT["interrupted"]
+    except BrokenPipeError:   # the reader went away (`gpujail ... | head`): stop quietly, like a shell tool
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for f in (sys.stdout, _terminal):
+            if f is not None:
+                os.dup2(devnull, f.fileno())
+        return 128 + 13   # as if killed by SIGPIPE
 
 
 if __name__ == "__main__":
