@@ -110,9 +110,11 @@ def text(report: dict) -> str:
     info = report["run_info"]
     lines = [f"{info['implementation']} on the {info['backend']} backend (contract {info['contract_version']}, "
              f"seed {info['seed']}): {len(tests_of(report))} tests, {counts_text(totals(report))}", "", "requirements:"]
-    for rid, what, counts in requirement_rows(report):
+    rows = requirement_rows(report)
+    width = max((len(counts_text(counts)) for _, _, counts in rows), default=0)
+    for rid, what, counts in rows:
         mark = "!" if any(counts.get(s) for s in BAD) else " "
-        lines.append(f" {mark}{rid:<7} {counts_text(counts):<40} {what}")
+        lines.append(f" {mark}{rid:<7} {counts_text(counts):<{width}}  {what}")
     if report.get("uncited"):
         lines.append(f"  not checked by any test that ran: {', '.join(report['uncited'])}")
     inv = invariant_rows(report)

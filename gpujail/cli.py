@@ -185,10 +185,15 @@ def terminal():
 
 
 def remove_tree(path: Path) -> None:
+    """Remove a run's temporary tree, making a directory a test left read-only writable again (its
+    parent only: rmtree does not follow symlinks, so nothing outside the tree is touched)."""
     def writable(func, p, _exc):
         os.chmod(os.path.dirname(p), 0o755)
         func(p)
-    shutil.rmtree(path, onerror=writable)
+    try:
+        shutil.rmtree(path, **({"onexc": writable} if sys.version_info >= (3, 12) else {"onerror": writable}))
+    except OSError as e:
+        print(f"gpujail: could not remove the temporary directory {path}: {e}", file=sys.stderr)
 
 
 # -- run ---------------------------------------------------------------------------------------
@@ -369,6 +374,8 @@ class Parser(argparse.ArgumentParser):
 def parser() -> Parser:
     from conformance.plugin import OPTIONS
     help_of = {name: help_ for name, _, _, help_ in OPTIONS}
+    # The plugin's environment variables are the defaults here too (GPUJAIL_IMPL, ...).
+    env = {name: os.environ.get(var, default) for name, var, default, _ in OPTIONS}
     top = Parser(prog="gpujail", description=__doc__.split("\n\n")[0],
                  epilog="exit codes: " + ", ".join(f"{c} {o}" for o, c in EXIT.items()))
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -376,12 +383,12 @@ def parser() -> Parser:
     run = sub.add_parser("run", help="run the conformance and chaos suites against an implementation",
                          description="Run the conformance and chaos suites; arguments after `--` go to pytest.")
     run.add_argument("tests", nargs="*", help="test paths or node ids (default: both suites)")
-    run.add_argument("--impl", default=os.environ.get("GPUJAIL_IMPL", "reference"), help=help_of["impl"])
-    run.add_argument("--backend", default=os.environ.get("GPUJAIL_BACKEND", "kernel"), help=help_of["backend"])
-    run.add_argument("--expectations", default=os.environ.get("GPUJAIL_EXPECTATIONS"),
+    run.add_argument("--impl", default=env["impl"], help=help_of["impl"])
+    run.add_argument("--backend", default=env["backend"], help=help_of["backend"])
+    run.add_argument("--expectations", default=env["expectations"] or None,
                      help=help_of["expectations"] + "; default: expectations/<impl>.toml for a bundled one, '' for none")
-    run.add_argument("--seed", type=int, default=0, help=help_of["seed"])
-    run.add_argument("--workers", type=int, default=8, help=help_of["workers"])
+    run.add_argument("--seed", type=int, default=env["seed"], help=help_of["seed"])
+    run.add_argument("--workers", type=int, default=env["workers"], help=help_of["workers"])
     run.add_argument("--reports", default="reports", help="directory for the reports (default: reports)")
     run.add_argument("-n", "--jobs", default="auto", help="pytest-xdist processes (default: auto)")
     run.add_argument("-m", help="pytest marker expression, e.g. scale for the 128-worker run")

@@ -22,6 +22,7 @@ from test_timeline import seed_bug
 
 from chaos import scenario
 from conformance import report
+from conformance.plugin import OPTIONS
 from gpujail import backends, cli, failpoints, kernel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,8 +35,8 @@ def gpujail(tmp_path, *args, exe=None) -> subprocess.CompletedProcess:
     tmp = tmp_path / "tmpdir"
     tmp.mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(tmp)}
-    for name in ("GPUJAIL_IMPL", "GPUJAIL_BACKEND", "GPUJAIL_EXPECTATIONS"):
-        env.pop(name, None)
+    for _, var, _, _ in OPTIONS:   # the plugin's options from the environment would change the defaults
+        env.pop(var, None)
     r = subprocess.run(exe or [sys.executable, "-m", "gpujail", *args], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=600)
     assert not list(tmp.iterdir()), f"left behind: {list(tmp.iterdir())}"
