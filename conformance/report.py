@@ -184,11 +184,18 @@ code {background: #f5f5f5; padding: 0 3px}
 def write_html(report: dict, path, root: Path | None = None) -> Path:
     """Write the run's page to `path`; chaos artefacts are looked up under `root` (default: the
     page's directory)."""
+    from chaos import timeline
     path = Path(path)
     root = path.parent if root is None else root
     info = report["run_info"]
     bad = failures(report)
     head = "FAIL" if bad else "PASS"
+    judged = chaos_runs(report, root)
+    shown = {r["test"]["test"] for r in judged}
+
+    def link(test: str) -> str:
+        return f"<a href='#{esc(artefact_name(test))}'>{esc(test)}</a>" if test in shown else esc(test)
+
     cols = STATUSES
     req = ["<table class='gj-t'><tr><th>requirement</th><th>what</th>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
     for rid, what, counts in requirement_rows(report):
@@ -204,14 +211,13 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
         cls = "gj-bad" if unexpected(failing) else "gj-xf" if failing else ""
         inv.append(f"<tr class='{cls}'><td>{esc(rid)}</td><td>{esc(name)}</td>"
                    + "".join(f"<td class='gj-n'>{counts.get(s, '') or ''}</td>" for s in ("PASS", "FAIL", "UNKNOWN"))
-                   + "<td>" + "<br>".join(f"<a href='#{esc(artefact_name(t['test']))}'>{esc(t['test'])}</a> ({esc(t['status'])})"
-                                          for t in failing) + "</td></tr>")
+                   + "<td>" + "<br>".join(f"{link(t['test'])} ({esc(t['status'])})" for t in failing) + "</td></tr>")
     inv.append("</table>")
-    fails = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{esc(t['test'])}</td>"
+    fails = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{link(t['test'])}</td>"
              f"<td>{esc(t['status'])}</td><td>{esc(t['reason'])}</td></tr>"
              for t in failures(report, BAD + ("expected-fail",))]
     runs = []
-    for r in chaos_runs(report, root):
+    for r in judged:
         t = r["test"]
         runs.append(f"<h3 id='{esc(artefact_name(t['test']))}'>{esc(t['test'])}: {esc(t['status'])}</h3>"
                     f"<p>Replay: <code>{esc(r['reproduce'])}</code>. Files: <code>{esc(r['dir'])}/</code> "
@@ -219,7 +225,7 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
                     f"<pre>{esc(r['verdict'].summary())}</pre><div class='gj-plot'>{r['svg']}</div>")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>gpujail run: {esc(info['implementation'])}: {head}</title>
-<style>{CSS}</style></head>
+<style>{CSS}{timeline.LEGEND_CSS}</style></head>
 <body>
 <h1>gpujail run: <code>{esc(info['implementation'])}</code> on the {esc(info['backend'])} backend:
 <span class="{'gj-fail' if bad else 'gj-pass'}">{head}</span></h1>
@@ -233,9 +239,8 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
 {('<table class="gj-t"><tr><th>test</th><th>status</th><th>reason</th></tr>' + ''.join(fails) + '</table>')
  if fails else '<p>None.</p>'}
 <h2>Chaos runs that violated an invariant</h2>
-<p>Each: the checker's verdict and causal chain, and the timeline (one lane per worker; red ring: the
-violation; numbered rings and red arrows: its causal chain; hover a marker for the event).</p>
-{''.join(runs) if runs else '<p>None.</p>'}
+{(f"<p>Each: the checker's verdict and causal chain, and the timeline: one lane per worker, time since the "
+  f"run's first event.</p>{timeline.legend()}" + ''.join(runs)) if runs else '<p>None.</p>'}
 </body></html>
 """
     path.parent.mkdir(parents=True, exist_ok=True)
