@@ -155,13 +155,18 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                 failpoint, _, term = entry.partition("=")
                 log("chaos.fault", worker=w, failpoint=failpoint, term=term)
 
+        errors: dict[str, Exception] = {}
+
         def go(wid: str, role: str, version: str | None) -> None:
-            workers[wid] = start_worker(
-                fleet, wid, impl, role=role, version=version, policy=policy, capabilities=scenario.capabilities,
-                env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
-                first_attempt_env={"GPUJAIL_FAILPOINTS": schedule[wid]} if wid in schedule else None,
-                on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,
-                node_options={"jail_readonly": True} if scenario.read_only else None)
+            try:
+                workers[wid] = start_worker(
+                    fleet, wid, impl, role=role, version=version, policy=policy, capabilities=scenario.capabilities,
+                    env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
+                    first_attempt_env={"GPUJAIL_FAILPOINTS": schedule[wid]} if wid in schedule else None,
+                    on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,
+                    node_options={"jail_readonly": True} if scenario.read_only else None)
+            except Exception as e:   # raised once below, in the caller's thread (on an interrupt: never)
+                errors[wid] = e
 
         threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
         for t in threads.values():
@@ -183,6 +188,9 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             probe_ready()
             time.sleep(scenario.probe_interval)
         keeper.join()
+        if errors:
+            wid, e = sorted(errors.items())[0]
+            raise RuntimeError(f"worker {wid} could not be started: {e}") from e
         probe_ready()
         log("chaos.end")
         after = jail_image.snapshot(jail)
