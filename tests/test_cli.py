@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -168,6 +170,44 @@ def test_reproduce_valid_run(tmp_path):
     assert r.returncode == cli.EXIT["passed"], r.stdout + r.stderr
     assert "verdict: VALID" in r.stdout and "causal chain" not in r.stdout
     assert (out / "timeline.html").exists()   # drawn for a valid run too
+
+
+@pytest.mark.kernel
+@needs_kernel
+def test_reproduce_interrupted_leaves_nothing(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) during a run: exit 130, one
+    line, no traceback, no temporary directory and no process left."""
+    slow = tmp_path / "slow.toml"
+    slow.write_text('name = "slow"\ngpu_workers = 3\n'
+                    'faults = [{ worker = "*", failpoint = "cli.before_list", term = "sleep(30000)" }]\n')
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "gpujail", "reproduce", str(slow), "--out", str(tmp_path / "out")],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp.glob("*/run/history.jsonl")) or b'"sleep"' not in next(tmp.glob("*/run/history.jsonl")).read_bytes():
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not reach the CLI"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == cli.EXIT["interrupted"], out + err
+    assert "Traceback" not in out + err and err.strip().splitlines() == ["gpujail: interrupted; the run's nodes were stopped"]
+    assert not list(tmp.iterdir())
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp) in _cmdline(p)]
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 @pytest.mark.kernel
