@@ -63,6 +63,27 @@ class ChaosRun:
         fired = {(e["node"], e["name"]) for e in events if e["kind"] == "failpoint" and e.get("action") != "off"}
         return sorted(f"{w} {fp}" for w, fp in armed - fired)
 
+    def judge(self) -> tuple[list[str], list[str]]:
+        """The invariants that failed, and those left UNKNOWN that may not be. INV-4 needs the
+        implementation to record its lock activity (the bundled ones do); for an uninstrumented one
+        it stays UNKNOWN here and is checked black-box by the conformance test
+        test_warm_start_takes_no_lock_and_creates_nothing. Where faults are not transient (a hostile
+        jail) nobody has to become ready, so nothing may be left to probe (INV-1, INV-5)."""
+        allowed = {"INV-4"} | (set() if self.scenario.transient_only else {"INV-1", "INV-5"})
+        results = self.verdict.results.items()
+        return ([i for i, r in results if r.valid is False],
+                [i for i, r in results if r.valid == checker.UNKNOWN and i not in allowed])
+
+    def keep(self, dest: Path) -> None:
+        """Copy the run's history, final state and timeline (if drawn) to `dest`, where they
+        outlive the run directory (reports/chaos/<test>/, or a reproducer's directory)."""
+        import shutil
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("history.jsonl", "final_state.json", "timeline.html"):
+            if (self.run_dir / name).exists():
+                shutil.copy(self.run_dir / name, dest / name)
+        self.timeline = dest / "timeline.html" if self.timeline else None
+
     def report(self) -> str:
         where = f"\nhistory: {self.history_path}" + (f"\ntimeline: {self.timeline}" if self.timeline else "")
         unfired = self.unfired()
@@ -134,13 +155,18 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                 failpoint, _, term = entry.partition("=")
                 log("chaos.fault", worker=w, failpoint=failpoint, term=term)
 
+        errors: dict[str, Exception] = {}
+
         def go(wid: str, role: str, version: str | None) -> None:
-            workers[wid] = start_worker(
-                fleet, wid, impl, role=role, version=version, policy=policy, capabilities=scenario.capabilities,
-                env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
-                first_attempt_env={"GPUJAIL_FAILPOINTS": schedule[wid]} if wid in schedule else None,
-                on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,
-                node_options={"jail_readonly": True} if scenario.read_only else None)
+            try:
+                workers[wid] = start_worker(
+                    fleet, wid, impl, role=role, version=version, policy=policy, capabilities=scenario.capabilities,
+                    env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
+                    first_attempt_env={"GPUJAIL_FAILPOINTS": schedule[wid]} if wid in schedule else None,
+                    on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,
+                    node_options={"jail_readonly": True} if scenario.read_only else None)
+            except Exception as e:   # raised once below, in the caller's thread (on an interrupt: never)
+                errors[wid] = e
 
         threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
         for t in threads.values():
@@ -162,6 +188,9 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             probe_ready()
             time.sleep(scenario.probe_interval)
         keeper.join()
+        if errors:
+            wid, e = sorted(errors.items())[0]
+            raise RuntimeError(f"worker {wid} could not be started: {e}") from e
         probe_ready()
         log("chaos.end")
         after = jail_image.snapshot(jail)

@@ -15,6 +15,7 @@ import pytest
 
 from chaos import runner, scenario
 from conformance.plugin import option
+from conformance.report import artefacts_dir
 from gpujail import kernel
 
 RANDOM_SEEDS = 3
@@ -45,36 +46,25 @@ def test_scenario(name, mode, seed_offset, impl, request, tmp_path):
     seed = int(option(request.config, "seed")) + seed_offset
     sc = scenario.load(name)
     result = runner.run(sc.randomised() if mode == "random" else sc, impl, tmp_path / "run", seed=seed)
-    failed, undecided = judge(result, sc)
+    failed, undecided = judge(result, request)
     if failed or undecided:
         keep_artefacts(result, request)
     assert not failed and not undecided, result.report()
 
 
-def judge(result, sc) -> tuple[list[str], list[str]]:
-    """The invariants that failed, and those left UNKNOWN that may not be. INV-4 needs the
-    implementation to record its lock activity (the bundled ones do); for an uninstrumented one it
-    stays UNKNOWN here and is checked black-box by the conformance test
-    test_warm_start_takes_no_lock_and_creates_nothing. Where faults are not transient (a hostile
-    jail) nobody has to become ready, so nothing may be left to probe (INV-1, INV-5)."""
-    allowed = {"INV-4"} | (set() if sc.transient_only else {"INV-1", "INV-5"})
-    results = result.verdict.results.items()
-    return ([i for i, r in results if r.valid is False],
-            [i for i, r in results if r.valid == "unknown" and i not in allowed])
+def judge(result, request) -> tuple[list[str], list[str]]:
+    """`ChaosRun.judge()`, with each invariant's status recorded for the JSON summary and JUnit XML
+    (the per-invariant tables of the reports)."""
+    statuses = " ".join(f"{i}={r.status}" for i, r in result.verdict.results.items())
+    request.node.user_properties.append(("invariants", statuses))
+    return result.judge()
 
 
 def keep_artefacts(result, request) -> None:
     """A failing run's history, final state and timeline picture go next to the test reports
-    (reports/chaos/<test>/), where CI keeps them and a person opens the timeline."""
-    import re
-    import shutil
-    from pathlib import Path
-    dest = Path(request.config.rootpath) / "reports" / "chaos" / re.sub(r"[^\w.+-]+", "_", request.node.name)
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in ("history.jsonl", "final_state.json", "timeline.html"):
-        if (result.run_dir / name).exists():
-            shutil.copy(result.run_dir / name, dest / name)
-    result.timeline = dest / "timeline.html" if result.timeline else None
+    (reports/chaos/<test>/), where CI keeps them, report.html shows them and a person opens the
+    timeline."""
+    result.keep(artefacts_dir(request.config, request.node.nodeid))
 
 
 PER_FILE = ["cli.before_mkdir", "cli.before_create", "cli.before_mount", "cli.after_mount", "cli.after_remount",
@@ -99,7 +89,7 @@ def test_cli_error_at_every_failpoint(failpoint, impl, request, tmp_path):
     sc = scenario.Scenario(name=f"cli-error-at-{failpoint}", gpu_workers=5, max_restarts=2,
                            barriers=["late"] if failpoint in PER_FILE else [], faults=faults)
     result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")))
-    failed, undecided = judge(result, sc)
+    failed, undecided = judge(result, request)
     if failed or undecided:
         keep_artefacts(result, request)
     assert not failed and not undecided, result.report()

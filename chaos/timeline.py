@@ -286,6 +286,18 @@ def svg(history: list[dict], verdict: Verdict | None = None, max_markers: int | 
     return "\n".join(out)
 
 
+LEGEND_CSS = (".key {margin-right: 1.2em; font-size: 12px; white-space: nowrap}\n"
+              ".sw {display: inline-block; width: 10px; height: 10px; margin-right: 4px; border-radius: 2px}")
+
+
+def legend() -> str:
+    """The key to the picture, as HTML (its classes styled by LEGEND_CSS)."""
+    keys = " ".join(f'<span class="key"><span class="sw" style="background:{STYLE[c][0]}"></span>{esc(text)}</span>'
+                    for c, text in LEGEND)
+    return (f'<div class="legend">{keys} <span class="key">red ring: violation; numbered rings and red arrows: its '
+            'causal chain; hover a marker for the event</span></div>')
+
+
 def render(history: list[dict], verdict: Verdict | None, path, max_markers: int | None = None) -> Path:
     """Write the timeline page for `history` (and `verdict`, if judged) to `path`; returns the path."""
     path = Path(path)
@@ -294,23 +306,19 @@ def render(history: list[dict], verdict: Verdict | None, path, max_markers: int 
     else:
         head = {True: "VALID", False: f"INVALID ({verdict.invariant})", UNKNOWN: "UNKNOWN"}[verdict.valid]
         summary = verdict.summary()
-    legend = " ".join(f'<span class="key"><span class="sw" style="background:{STYLE[c][0]}"></span>{esc(text)}</span>'
-                      for c, text in LEGEND)
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>gpujail chaos run: {esc(head)}</title>
 <style>
 body {{font-family: sans-serif; margin: 1em 2em; color: #212121}}
 h1 {{font-size: 1.3em}} h1 .bad {{color: #c62828}}
 pre {{background: #fafafa; border: 1px solid #eee; padding: .6em; overflow-x: auto; font-size: 12px}}
-.key {{margin-right: 1.2em; font-size: 12px; white-space: nowrap}}
-.sw {{display: inline-block; width: 10px; height: 10px; margin-right: 4px; border-radius: 2px}}
+{LEGEND_CSS}
 .plot {{overflow-x: auto; margin-top: .8em}}
 </style></head>
 <body>
 <h1>gpujail chaos run: <span class="{'bad' if verdict is not None and verdict.valid is False else ''}">{esc(head)}</span></h1>
 <pre>{esc(summary)}</pre>
-<div class="legend">{legend} <span class="key">red ring: violation; numbered rings and red arrows: its causal chain;
-hover a marker for the event</span></div>
+{legend()}
 <div class="plot">
 {svg(history, verdict, max_markers)}
 </div>

@@ -12,8 +12,9 @@ group; each is also an ini key and an environment variable (command line > envir
   strict xfails: the run is green exactly when the implementation fails what it should, and an
   unexpected pass is reported as a failure.
 * `--gpujail-report FILE` writes a JSON summary per requirement (passed, failed, expected-fail,
-  skipped with reasons), with the run info (implementation, backend, contract version); pytest's own
-  `--junitxml` gives the per-test report.
+  skipped with reasons), with the run info (implementation, backend, contract version), and
+  `report.html` beside it for people (conformance/report.py); pytest's own `--junitxml` gives the
+  per-test report.
 * The `world` fixture gives a test a fresh jail and a fleet of worker nodes on the chosen backend,
   and starts the implementation under test as a worker through the contract.
 """
@@ -187,6 +188,8 @@ class Results:
             crash = getattr(report.longrepr, "reprcrash", None)
             reason = (crash.message if crash else report.longreprtext.strip()[-300:]).splitlines()[0][:300]
         entry = {"test": report.nodeid, "status": status, "reason": reason, "duration": round(report.duration, 3)}
+        if "invariants" in dict(report.user_properties):   # a chaos run: each invariant's status
+            entry["invariants"] = dict(report.user_properties)["invariants"]
         for rid in ids.split(",") if ids else ["(none)"]:
             self.by_requirement[rid].append(entry)
 
@@ -211,6 +214,9 @@ def pytest_sessionfinish(session):
               "uncited": [r for r in REQUIREMENTS if r not in summary]}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=1))
+    # for people: report.html beside the summary
+    from .report import write_html
+    write_html(report, Path(path).with_name("report.html"))
 
 
 def _req_order(rid: str):

@@ -80,10 +80,12 @@ class Node:
                **self.options,
                "env": {k: v for k, v in self.env.items() if k.startswith("GPUJAIL_")}}
         # Spawned from one long-lived thread: the node dies with its parent *thread* (PDEATHSIG),
-        # and a test may start nodes from short-lived threads.
+        # and a test may start nodes from short-lived threads. In its own session: a terminal's
+        # Ctrl-C goes to the harness, which stops its nodes (as an orchestrator, not the terminal,
+        # stops containers).
         self.proc = _SPAWNER.submit(subprocess.Popen, [sys.executable, "-m", "gpujail.node", json.dumps(cfg)],
                                     cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                    env={**os.environ, "PYTHONPATH": _pythonpath()}).result()
+                                    env={**os.environ, "PYTHONPATH": _pythonpath()}, start_new_session=True).result()
         hello = self._read()
         if not hello.get("ready"):
             self.kill()

@@ -13,8 +13,15 @@ if [ ! -f "$stamp" ]; then
         fi
         python3 -m venv "$venv"
     }
-    "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-    "$venv/bin/python" -m pip install -q -e "${top}[dev]"
+    # pip's and setuptools' chatter goes to a log: the caller's output stays the short summary.
+    echo "setting up $venv (first run, or pyproject.toml changed): about a minute" >&2
+    log="$venv/install.log"
+    if ! { "$venv/bin/python" -m pip install -q --upgrade pip && "$venv/bin/python" -m pip install -q -e "${top}[dev]"; } \
+        >"$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        echo "setting up $venv failed (full log: $log)" >&2
+        exit 1
+    fi
     rm -f "$venv"/.installed-*
     touch "$stamp"
 fi

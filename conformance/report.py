@@ -1,0 +1,248 @@
+"""Reports for people: one self-contained HTML page per run, and the same tables as text.
+
+How this works
+--------------
+The pytest plugin writes the JSON summary (`--gpujail-report reports/summary.json`: run info, per
+requirement the outcome of each test citing it, and for chaos tests the status of each invariant)
+and then calls `write_html`, which writes `report.html` beside it. Failing chaos runs have already
+left their history, final state and timeline in `<reports>/chaos/<test>/` (`artefacts_dir`); the
+page judges each history again with the checker (pure, so the verdict is the one the test saw) and
+puts its timeline SVG inline with the causal chain in words, so the page needs no other file.
+
+`requirement_rows`, `invariant_rows` and `failures` are the one aggregation of a summary: the HTML
+page and `gpujail run`'s printed summary (`text`) both use them.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+import shlex
+from pathlib import Path
+
+from .requirements import REQUIREMENTS
+
+STATUSES = ("passed", "failed", "expected-fail", "unexpected-pass", "passed-intermittent", "skipped")
+BAD = ("failed", "unexpected-pass")          # what makes a run red
+CHAOS_DIR = "chaos"                          # under the reports directory
+
+
+# -- where things are --------------------------------------------------------------------------
+
+def reports_dir(config) -> Path:
+    """Where this run's reports go: beside the JSON summary, else `<rootdir>/reports`."""
+    from .plugin import option
+    summary = option(config, "gpujail-report")
+    return Path(summary).parent if summary else Path(config.rootpath) / "reports"
+
+
+def artefact_name(test: str) -> str:
+    """A test's directory name under reports/chaos/: its name (without the file part), made safe."""
+    return re.sub(r"[^\w.+-]+", "_", test.split("::")[-1])
+
+
+def artefacts_dir(config, test: str) -> Path:
+    return reports_dir(config) / CHAOS_DIR / artefact_name(test)
+
+
+# -- the one aggregation of a summary ------------------------------------------------------------
+
+def tests_of(report: dict) -> dict[str, dict]:
+    """Each test once (a test citing several requirements is listed under each of them)."""
+    out: dict[str, dict] = {}
+    for entry in report["requirements"].values():
+        for t in entry["tests"]:
+            out.setdefault(t["test"], t)
+    return out
+
+
+def totals(report: dict) -> dict[str, int]:
+    """Tests per status."""
+    out: dict[str, int] = {}
+    for t in tests_of(report).values():
+        out[t["status"]] = out.get(t["status"], 0) + 1
+    return out
+
+
+def requirement_rows(report: dict) -> list[tuple[str, str, dict]]:
+    """(ID, what it requires, counts per status) in the summary's order."""
+    return [(rid, REQUIREMENTS.get(rid, ""), entry["counts"]) for rid, entry in report["requirements"].items()]
+
+
+def invariants_of(test: dict) -> dict[str, str]:
+    """A chaos test's `INV-1=PASS INV-2=FAIL ...` as a dict."""
+    return dict(p.split("=", 1) for p in (test.get("invariants") or "").split())
+
+
+def invariant_rows(report: dict) -> list[tuple[str, str, dict, list[dict]]]:
+    """Per invariant over the chaos runs: (ID, name, counts of PASS/FAIL/UNKNOWN, the failing
+    runs' test entries: their status says whether the failure was expected)."""
+    from chaos.checker import INVARIANTS
+    runs = [t for t in tests_of(report).values() if t.get("invariants")]
+    rows = []
+    for inv, name in INVARIANTS.items():
+        counts: dict[str, int] = {}
+        failing = []
+        for t in runs:
+            status = invariants_of(t).get(inv, "UNKNOWN")
+            counts[status] = counts.get(status, 0) + 1
+            if status == "FAIL":
+                failing.append(t)
+        rows.append((inv, name, counts, failing))
+    return rows
+
+
+def unexpected(tests: list[dict]) -> list[dict]:
+    return [t for t in tests if t["status"] != "expected-fail"]
+
+
+def failures(report: dict, statuses=BAD) -> list[dict]:
+    return [t for t in tests_of(report).values() if t["status"] in statuses]
+
+
+def counts_text(counts: dict) -> str:
+    order = [s for s in STATUSES if s in counts] + sorted(set(counts) - set(STATUSES))
+    return ", ".join(f"{counts[s]} {s}" for s in order)
+
+
+def text(report: dict) -> str:
+    """The run in a screenful: requirements, invariants, what failed."""
+    info = report["run_info"]
+    lines = [f"{info['implementation']} on the {info['backend']} backend (contract {info['contract_version']}, "
+             f"seed {info['seed']}): {len(tests_of(report))} tests, {counts_text(totals(report))}", "", "requirements:"]
+    rows = requirement_rows(report)
+    width = max((len(counts_text(counts)) for _, _, counts in rows), default=0)
+    for rid, what, counts in rows:
+        mark = "!" if any(counts.get(s) for s in BAD) else " "
+        lines.append(f" {mark}{rid:<7} {counts_text(counts):<{width}}  {what}")
+    if report.get("uncited"):
+        lines.append(f"  not checked by any test that ran: {', '.join(report['uncited'])}")
+    inv = invariant_rows(report)
+    runs = sum(inv[0][2].values()) if inv else 0
+    if runs:
+        lines += ["", f"invariants over {runs} chaos runs:"]
+        for rid, name, counts, failing in inv:
+            mark = "!" if unexpected(failing) else " "
+            expected = len(failing) - len(unexpected(failing))
+            lines.append(f" {mark}{rid:<7} {name:<24} " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+                         + (f" ({expected} expected)" if expected else ""))
+    bad = failures(report)
+    if bad:
+        lines += ["", "failed:"]
+        lines += [f"  {t['test']} ({t['status']}): {t['reason']}" for t in bad]
+    return "\n".join(lines)
+
+
+# -- the HTML page -----------------------------------------------------------------------------
+
+def esc(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def chaos_runs(report: dict, root: Path) -> list[dict]:
+    """The chaos runs of this report that left artefacts (the failing ones), judged again."""
+    from chaos import checker, timeline
+    from gpujail import history
+    out = []
+    for t in tests_of(report).values():
+        d = root / CHAOS_DIR / artefact_name(t["test"])
+        if not t.get("invariants") or t["status"] not in ("failed", "expected-fail") or not (d / "history.jsonl").exists():
+            continue
+        events = history.load(str(d / "history.jsonl"))
+        final = json.loads((d / "final_state.json").read_text()) if (d / "final_state.json").exists() else None
+        verdict = checker.check(events, final)
+        out.append({"test": t, "dir": d, "verdict": verdict, "svg": timeline.svg(events, verdict),
+                    "reproduce": reproduce_command(t["test"], events, report["run_info"]["implementation"])})
+    return out
+
+
+def reproduce_command(test: str, events: list[dict], impl: str) -> str:
+    """The command that replays a chaos test's run: `gpujail reproduce` for a scenario file, the
+    pytest node id otherwise (scenarios built in code, e.g. the CLI error at each failpoint)."""
+    begin = next((e for e in events if e.get("kind") == "chaos.begin"), {})
+    from chaos.scenario import names
+    if "::test_scenario[" in test and begin.get("scenario") in names():
+        flag = " --random" if "-random-seed+" in test else ""
+        return f"gpujail reproduce {begin['scenario']} --impl {shlex.quote(impl)} --seed {begin.get('seed', 0)}{flag}"
+    return f"gpujail run --impl {shlex.quote(impl)} -- {shlex.quote(test)}"
+
+
+CSS = """
+body {font-family: sans-serif; margin: 1em 2em; color: #212121}
+h1 {font-size: 1.4em} h2 {font-size: 1.15em; margin-top: 1.6em} h3 {font-size: 1em}
+table.gj-t {border-collapse: collapse; font-size: 13px}
+table.gj-t td, table.gj-t th {border: 1px solid #ddd; padding: 2px 8px; text-align: left}
+table.gj-t td.gj-n {text-align: right}
+tr.gj-bad td {background: #ffebee} tr.gj-xf td {background: #fff8e1}
+.gj-pass {color: #2e7d32; font-weight: bold} .gj-fail {color: #c62828; font-weight: bold}
+pre {background: #fafafa; border: 1px solid #eee; padding: .6em; overflow-x: auto; font-size: 12px}
+.gj-plot {overflow-x: auto}
+code {background: #f5f5f5; padding: 0 3px}
+"""
+
+
+def write_html(report: dict, path, root: Path | None = None) -> Path:
+    """Write the run's page to `path`; chaos artefacts are looked up under `root` (default: the
+    page's directory)."""
+    from chaos import timeline
+    path = Path(path)
+    root = path.parent if root is None else root
+    info = report["run_info"]
+    bad = failures(report)
+    head = "FAIL" if bad else "PASS"
+    judged = chaos_runs(report, root)
+    shown = {r["test"]["test"] for r in judged}
+
+    def link(test: str) -> str:
+        return f"<a href='#{esc(artefact_name(test))}'>{esc(test)}</a>" if test in shown else esc(test)
+
+    cols = STATUSES
+    req = ["<table class='gj-t'><tr><th>requirement</th><th>what</th>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
+    for rid, what, counts in requirement_rows(report):
+        cls = "gj-bad" if any(counts.get(s) for s in BAD) else "gj-xf" if counts.get("expected-fail") else ""
+        req.append(f"<tr class='{cls}'><td>{esc(rid)}</td><td>{esc(what)}</td>"
+                   + "".join(f"<td class='gj-n'>{counts.get(c, '') or ''}</td>" for c in cols) + "</tr>")
+    req.append("</table>")
+    if report.get("uncited"):
+        req.append(f"<p>Not checked by any test that ran: {esc(', '.join(report['uncited']))}</p>")
+    inv = ["<table class='gj-t'><tr><th>invariant</th><th></th><th>PASS</th><th>FAIL</th><th>UNKNOWN</th>"
+           "<th>failing runs</th></tr>"]
+    for rid, name, counts, failing in invariant_rows(report):
+        cls = "gj-bad" if unexpected(failing) else "gj-xf" if failing else ""
+        inv.append(f"<tr class='{cls}'><td>{esc(rid)}</td><td>{esc(name)}</td>"
+                   + "".join(f"<td class='gj-n'>{counts.get(s, '') or ''}</td>" for s in ("PASS", "FAIL", "UNKNOWN"))
+                   + "<td>" + "<br>".join(f"{link(t['test'])} ({esc(t['status'])})" for t in failing) + "</td></tr>")
+    inv.append("</table>")
+    fails = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{link(t['test'])}</td>"
+             f"<td>{esc(t['status'])}</td><td>{esc(t['reason'])}</td></tr>"
+             for t in failures(report, BAD + ("expected-fail",))]
+    runs = []
+    for r in judged:
+        t = r["test"]
+        runs.append(f"<h3 id='{esc(artefact_name(t['test']))}'>{esc(t['test'])}: {esc(t['status'])}</h3>"
+                    f"<p>Replay: <code>{esc(r['reproduce'])}</code>. Files: <code>{esc(r['dir'])}/</code> "
+                    f"(history.jsonl, final_state.json, timeline.html)</p>"
+                    f"<pre>{esc(r['verdict'].summary())}</pre><div class='gj-plot'>{r['svg']}</div>")
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>gpujail run: {esc(info['implementation'])}: {head}</title>
+<style>{CSS}{timeline.LEGEND_CSS}</style></head>
+<body>
+<h1>gpujail run: <code>{esc(info['implementation'])}</code> on the {esc(info['backend'])} backend:
+<span class="{'gj-fail' if bad else 'gj-pass'}">{head}</span></h1>
+<p>Contract {esc(info['contract_version'])}, seed {esc(info['seed'])}: {len(tests_of(report))} tests,
+{esc(counts_text(totals(report)))}.</p>
+<h2>Requirements</h2>
+{''.join(req)}
+<h2>Invariants over the chaos runs</h2>
+{''.join(inv)}
+<h2>Failures</h2>
+{('<table class="gj-t"><tr><th>test</th><th>status</th><th>reason</th></tr>' + ''.join(fails) + '</table>')
+ if fails else '<p>None.</p>'}
+<h2>Chaos runs that violated an invariant</h2>
+{(f"<p>Each: the checker's verdict and causal chain, and the timeline: one lane per worker, time since the "
+  f"run's first event.</p>{timeline.legend()}" + ''.join(runs)) if runs else '<p>None.</p>'}
+</body></html>
+"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path

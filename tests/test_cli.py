@@ -1,0 +1,324 @@
+"""Tests for the `gpujail` command (gpujail/cli.py) and the HTML report (conformance/report.py).
+
+The command is run as a user runs it, in a child process (`python -m gpujail`, and once as the
+installed console script), and read from its exit code, its stdout and its stderr. Bad input must
+give one line on stderr, its own exit code and no traceback, and leave nothing behind (each child
+gets its own TMPDIR, checked empty afterwards). The `run` and `reproduce` tests run real scenarios on
+the kernel backend; the report and progress tests are pure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from test_checker import good_final
+from test_timeline import seed_bug
+
+from chaos import scenario
+from conformance import report
+from conformance.plugin import OPTIONS
+from gpujail import backends, cli, failpoints, kernel
+
+REPO = Path(__file__).resolve().parents[1]
+COLD_RACE = "chaos/test_scenarios.py::test_scenario[cold-race]"
+needs_kernel = pytest.mark.skipif(bool(kernel.precondition()), reason=str(kernel.precondition()))
+
+
+def gpujail(tmp_path, *args, exe=None) -> subprocess.CompletedProcess:
+    """Run the command in the repository with its own TMPDIR, which must be empty afterwards."""
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    for _, var, _, _ in OPTIONS:   # the plugin's options from the environment would change the defaults
+        env.pop(var, None)
+    r = subprocess.run(exe or [sys.executable, "-m", "gpujail", *args], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert not list(tmp.iterdir()), f"left behind: {list(tmp.iterdir())}"
+    return r
+
+
+def one_line_error(r: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpujail"), r.stderr
+    for w in words:
+        assert w in lines[0]
+    return lines[0]
+
+
+# -- listing commands ------------------------------------------------------------------------
+
+def test_failpoints_lists_the_registry_and_the_grammar(tmp_path):
+    r = gpujail(tmp_path, "failpoints")
+    assert r.returncode == 0, r.stderr
+    listed = [ln.split()[0] for ln in r.stdout.splitlines() if ln and ln.split()[0] in failpoints.REGISTRY]
+    assert listed == list(failpoints.REGISTRY)
+    assert "term   := [N '*' | P '%'] action ['(' arg ')']" in r.stdout
+    assert "GPUJAIL_FAILPOINTS=" in r.stdout and "pause(barrier)" in r.stdout
+
+
+def test_installed_console_script(tmp_path):
+    """`gpujail` is installed with the package ([project.scripts]) beside this Python."""
+    exe = Path(sys.executable).parent / "gpujail"
+    assert exe.exists(), "pip install -e . installs the gpujail command"
+    r = gpujail(tmp_path, exe=[str(exe), "scenarios"])
+    assert r.returncode == 0, r.stderr
+
+
+def test_scenarios_one_line_each(tmp_path):
+    r = gpujail(tmp_path, "scenarios")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    names = scenario.names()
+    assert [ln.split()[0] for ln in lines[:len(names)]] == names
+    assert "opt-in: -m scale" in next(ln for ln in lines if ln.startswith("scale-128"))
+    assert "8 GPU" in next(ln for ln in lines if ln.startswith("cold-race "))
+
+
+def test_scenarios_checks_files(tmp_path):
+    good = tmp_path / "mine.toml"
+    good.write_text('name = "mine"\ndescription = "two workers. More text."\ngpu_workers = 2\n')
+    bad = tmp_path / "broken.toml"
+    bad.write_text('name = "broken"\ngpu_wrokers = 2\n')
+    r = gpujail(tmp_path, "scenarios", str(good), str(bad))
+    one_line_error(r, cli.EXIT["bad-input"], str(bad), "gpu_wrokers")
+    assert r.stdout.splitlines() == [cli.one_line(scenario.load(good))]
+    assert "two workers" in r.stdout and "More text" not in r.stdout
+
+
+# -- bad input: one line, its own exit code, nothing left --------------------------------------
+
+BROKEN = {"syntax.toml": 'name = "x"\ngpu_workers = \n',
+          "failpoint.toml": 'name = "x"\nfaults = [{ worker = "*", failpoint = "cli.before_nothing", term = "off" }]\n',
+          "worker.toml": 'name = "x"\ngpu_workers = 2\nkills = [{ worker = "w7", barrier = "b" }]\n'}
+
+
+@pytest.mark.parametrize("args,code,words", [
+    (["run", "--impl", "no-such-impl"], "bad-input", ["--impl 'no-such-impl'", "neither a bundled implementation"]),
+    (["run", "--impl", "/no/such/runtime.sh -j {jail}"], "bad-input", ["not found: /no/such/runtime.sh"]),
+    (["run", "--impl", "mutant:nonsense"], "bad-input", ["unknown mutant"]),
+    (["run", "--impl", "sh 'unclosed"], "bad-input", ["cannot parse"]),
+    (["run", "--backend", "vm"], "bad-input", ["--backend 'vm'", "kernel, model, docker"]),
+    (["run", "--backend", "model"], "backend", ["--backend model", "not available in this build"]),
+    (["run", "--backend", "docker"], "backend", ["--backend docker", "not available"]),
+    (["run", "--expectations", "/no/such.toml"], "bad-input", ["/no/such.toml: no such file"]),
+    (["run", "--seed", "x"], "bad-input", ["--seed", "invalid int value"]),
+    (["reproduce", "no-such-scenario"], "bad-input", ["no-such-scenario.toml: no such scenario"]),
+    (["reproduce", "cold-race", "--impl", "nope"], "bad-input", ["--impl 'nope'"]),
+    (["reproduce", "cold-race", "--", "-x"], "bad-input", ["no pytest arguments"]),
+    (["frobnicate"], "bad-input", ["invalid choice: 'frobnicate'"]),
+    ([], "bad-input", ["required: COMMAND"]),
+])
+def test_bad_input(tmp_path, args, code, words):
+    one_line_error(gpujail(tmp_path, *args), cli.EXIT[code], *words)
+
+
+@pytest.mark.parametrize("name,words", [("syntax.toml", ["line 2"]), ("failpoint.toml", ["cli.before_nothing"]),
+                                        ("worker.toml", ["no worker 'w7'"])])
+def test_bad_scenario_file(tmp_path, name, words):
+    path = tmp_path / name
+    path.write_text(BROKEN[name])
+    one_line_error(gpujail(tmp_path, "reproduce", str(path)), cli.EXIT["bad-input"], str(path), *words)
+
+
+def test_bad_expectations_file(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('[requirements]\n"REF-99" = "no such requirement"\n')
+    one_line_error(gpujail(tmp_path, "run", "--expectations", str(path)), cli.EXIT["bad-input"], "REF-99")
+
+
+def test_backend_availability_asks_the_backend():
+    assert backends.unavailable("kernel") == kernel.precondition()
+    assert "not available in this build" in backends.unavailable("model")
+    assert "unknown backend" in backends.unavailable("vm")
+
+
+# -- reproduce and run on the kernel backend ---------------------------------------------------
+
+@pytest.mark.kernel
+@needs_kernel
+def test_reproduce_the_seed_bug(tmp_path):
+    """`gpujail reproduce cold-race --impl legacy --seed 3`: INVALID (INV-1), exit 1, the chain in
+    words ending at the violation, and the timeline kept where it says."""
+    out = tmp_path / "out"
+    r = gpujail(tmp_path, "reproduce", "cold-race", "--impl", "legacy", "--seed", "3", "--out", str(out))
+    assert r.returncode == cli.EXIT["failed"], r.stdout + r.stderr
+    assert "scenario cold-race against legacy (seed 3)" in r.stdout
+    assert "verdict: INVALID (INV-1)" in r.stdout
+    chain = r.stdout[r.stdout.index("causal chain:"):].splitlines()
+    assert "chaos.fault" in chain[1] and "<- violation" in next(ln for ln in chain if "violation" in ln)
+    assert re.search(r"done in \d+:\d\d: 8/8 workers ready, [1-9]\d* faults injected", r.stdout)
+    assert f"timeline: {out}/timeline.html" in r.stdout
+    assert "<svg" in (out / "timeline.html").read_text()
+    assert {p.name for p in out.iterdir()} == {"history.jsonl", "final_state.json", "timeline.html"}
+
+
+@pytest.mark.kernel
+@needs_kernel
+def test_reproduce_valid_run(tmp_path):
+    out = tmp_path / "out"
+    r = gpujail(tmp_path, "reproduce", "cold-race", "--impl", "reference", "--out", str(out))
+    assert r.returncode == cli.EXIT["passed"], r.stdout + r.stderr
+    assert "verdict: VALID" in r.stdout and "causal chain" not in r.stdout
+    assert (out / "timeline.html").exists()   # drawn for a valid run too
+
+
+@pytest.mark.kernel
+@needs_kernel
+def test_reproduce_interrupted_leaves_nothing(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) during a run: exit 130, one
+    line, no traceback, no temporary directory and no process left."""
+    slow = tmp_path / "slow.toml"
+    slow.write_text('name = "slow"\ngpu_workers = 3\n'
+                    'faults = [{ worker = "*", failpoint = "cli.before_list", term = "sleep(30000)" }]\n')
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "gpujail", "reproduce", str(slow), "--out", str(tmp_path / "out")],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp.glob("*/run/history.jsonl")) or b'"sleep"' not in next(tmp.glob("*/run/history.jsonl")).read_bytes():
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not reach the CLI"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == cli.EXIT["interrupted"], out + err
+    assert "Traceback" not in out + err and err.strip().splitlines() == ["gpujail: interrupted; the run's nodes were stopped"]
+    assert not list(tmp.iterdir())
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp) in _cmdline(p)]
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.kernel
+@needs_kernel
+@pytest.mark.parametrize("expectations,code", [(None, "passed"), ("", "failed")], ids=["expected", "unexpected"])
+def test_run_gate(tmp_path, expectations, code):
+    """`gpujail run` against legacy on the seed bug: green with legacy's expectations (the failure
+    is expected), red without; the summary per requirement and per invariant, and the reports."""
+    reports = tmp_path / "reports"
+    exp = [] if expectations is None else ["--expectations", expectations]
+    r = gpujail(tmp_path, "run", "--impl", "legacy", *exp, "--reports", str(reports), "-n", "0", COLD_RACE)
+    assert r.returncode == cli.EXIT[code], r.stdout + r.stderr
+    assert re.search(r"done in \d+:\d\d: 1/1 tests done( \(1 failed\))?, \d+ workers ready, [1-9]\d* faults", r.stdout)
+    assert "invariants over 1 chaos runs:" in r.stdout
+    invariants = r.stdout[r.stdout.index("invariants over"):]
+    inv1 = next(ln for ln in invariants.splitlines() if ln.lstrip(" !").startswith("INV-1"))
+    assert "1 FAIL" in inv1 and (("(1 expected)" in inv1) == (code == "passed")) and inv1.startswith(" !") == (code != "passed")
+    assert f"{code.upper()} (exit {cli.EXIT[code]})" in r.stdout
+    for name in ("report.html", "summary.json", "junit.xml", "pytest.log"):
+        assert str(reports / name) in r.stdout and (reports / name).exists()
+    summary = json.loads((reports / "summary.json").read_text())
+    assert summary["requirements"]["INV-1"]["tests"][0]["invariants"].startswith("INV-1=FAIL INV-2=PASS")
+    assert "INV-1=FAIL" in (reports / "junit.xml").read_text()
+    page = (reports / "report.html").read_text()
+    assert "gpujail reproduce cold-race --impl legacy --seed 0" in page and "<svg" in page
+    assert (reports / "chaos" / "test_scenario_cold-race_" / "history.jsonl").exists()
+
+
+# -- the pieces: exit codes, progress, the HTML report -----------------------------------------
+
+def summary_of(tests: list[dict]) -> dict:
+    reqs: dict = {}
+    for t in tests:
+        for rid in t.pop("ids"):
+            entry = reqs.setdefault(rid, {"counts": {}, "tests": []})
+            entry["counts"][t["status"]] = entry["counts"].get(t["status"], 0) + 1
+            entry["tests"].append(t)
+    return {"run_info": {"implementation": "legacy", "backend": "kernel", "contract_version": "1.0", "seed": "0"},
+            "requirements": reqs, "uncited": ["K-2"]}
+
+
+@pytest.mark.parametrize("code,statuses,outcome", [
+    (0, ["passed", "expected-fail"], "passed"), (1, ["failed"], "failed"), (1, ["unexpected-pass"], "failed"),
+    (0, ["skipped"], "inconclusive"), (5, [], "inconclusive"), (4, None, "bad-input"), (3, None, "error"),
+    (2, None, "error"),
+])
+def test_pytest_outcome(code, statuses, outcome):
+    summary = None if statuses is None else summary_of(
+        [{"test": f"t{i}", "status": s, "reason": "", "ids": ["REF-1"]} for i, s in enumerate(statuses)])
+    assert cli.pytest_outcome(code, False, summary) == outcome
+    assert cli.pytest_outcome(code, True, summary) == "interrupted"
+
+
+def test_history_watch_counts_complete_lines(tmp_path):
+    h = tmp_path / "history.jsonl"
+    watch = cli.HistoryWatch(lambda: [h, tmp_path / "not-yet.jsonl"])
+    event = lambda **f: json.dumps({"t": 0, "pid": 1, **f}, separators=(",", ":"))  # noqa: E731
+    h.write_text(event(node="w0", kind="worker.ready") + "\n" + event(node="w0", kind="failpoint", action="off") + "\n"
+                 + event(node="w1", kind="failpoint", action="return")[:20])
+    watch.poll()
+    assert (len(watch.ready), watch.faults) == (1, 0)
+    with open(h, "a") as f:
+        f.write(event(node="w1", kind="failpoint", action="return")[20:] + "\n" + event(node="host", kind="chaos.kill")
+                + "\n" + event(node="w0", kind="worker.ready") + "\n")
+    watch.poll()
+    assert (len(watch.ready), watch.faults) == (1, 2)
+
+
+def test_html_report(tmp_path):
+    """The page holds the per-requirement table, the per-invariant table, the failures, and for
+    the failing chaos run its verdict, causal chain in words, replay command and timeline SVG."""
+    h = seed_bug()
+    h.add(0.0, "host", "chaos.begin", scenario="cold-race", impl="legacy", seed=4, schedule={})
+    run = tmp_path / "chaos" / report.artefact_name(COLD_RACE)
+    run.mkdir(parents=True)
+    (run / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in h.events))
+    (run / "final_state.json").write_text(json.dumps(good_final(transient_only=False)))
+    invs = "INV-1=FAIL INV-2=PASS INV-3=PASS INV-4=UNKNOWN INV-5=PASS INV-6=PASS"
+    summary = summary_of([
+        {"test": COLD_RACE, "status": "failed", "reason": "AssertionError: scenario cold-race", "invariants": invs,
+         "ids": [f"INV-{i}" for i in range(1, 7)]},
+        {"test": "conformance/test_worker_start.py::test_cold_bring_up[1]", "status": "passed", "reason": "",
+         "ids": ["REF-10"]},
+        {"test": "chaos/test_scenarios.py::test_scenario[enospc]", "status": "passed", "reason": "",
+         "invariants": invs.replace("FAIL", "PASS").replace("UNKNOWN", "PASS"), "ids": [f"INV-{i}" for i in range(1, 7)]},
+    ])
+    page = report.write_html(summary, tmp_path / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")   # self-contained
+    assert "<span class=\"gj-fail\">FAIL</span>" in page
+    row = re.search(r"<tr class='gj-bad'><td>INV-1</td>.*?</tr>", page).group(0)
+    assert "no lost content while a worker is ready" in row
+    assert "<td>REF-10</td><td>a ready GPU worker" in page and "K-2" in page
+    invariants = page[page.index("<h2>Invariants"):]
+    inv1 = re.search(r"<tr class='gj-bad'><td>INV-1</td><td>no lost content</td>.*?</tr>", invariants).group(0)
+    assert [c for c in re.findall(r"<td class='gj-n'>(\d*)</td>", inv1)] == ["1", "1", ""]
+    inv4 = re.search(r"<td>INV-4</td>.*?</tr>", invariants).group(0)
+    assert re.findall(r"<td class='gj-n'>(\d*)</td>", inv4) == ["1", "", "1"]   # 1 PASS, 1 UNKNOWN
+    assert "gpujail reproduce cold-race --impl legacy --seed 4" in page
+    chain = page[page.index("causal chain:"):page.index("&lt;- violation")]
+    assert "chaos.fault" in chain and "cli.cleanup.unlink" in chain
+    svgs = re.findall(r"<svg\b.*?</svg>", page, re.DOTALL)
+    assert len(svgs) == 1
+    assert ET.fromstring(svgs[0]).find(".//{http://www.w3.org/2000/svg}g[@id='violation']") is not None
+    text = report.text(summary)
+    assert "3 tests, 2 passed, 1 failed" in text and " !INV-1" in text
+    assert f"{COLD_RACE} (failed): AssertionError" in text
+
+
+def test_html_report_of_a_green_run(tmp_path):
+    summary = summary_of([{"test": "conformance/x.py::test_a", "status": "passed", "reason": "", "ids": ["REF-1"]}])
+    page = report.write_html(summary, tmp_path / "report.html").read_text()
+    assert "<span class=\"gj-pass\">PASS</span>" in page and "<svg" not in page
+    assert page.count("<p>None.</p>") == 2
