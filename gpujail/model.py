@@ -50,6 +50,11 @@ SMALL_DRIVER = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{v}", "/usr/lib/x86_6
                 "/dev/nvidiactl")
 
 
+def precondition() -> str | None:
+    """The model needs nothing from the host: always available (gpujail/backends.py asks)."""
+    return None
+
+
 def _err(code: int, path: str):
     return OSError(code, os.strerror(code), path)
 
