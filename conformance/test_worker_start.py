@@ -22,7 +22,7 @@ from gpujail import kernel
 pytestmark = pytest.mark.kernel
 LOCK = "etc/complement_jail_gpu_placeholders.lock"
 FLAG = "etc/gpu_libs_installed.flag"
-NVML = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"
+CUDA = "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
 
 
 @pytest.mark.req("REF-10")
@@ -228,14 +228,15 @@ def test_no_mounts_is_an_anomaly(world, tmp_path):
 
 @pytest.mark.req("REF-7")
 def test_placeholder_sized_mount_is_rejected(world, tmp_path):
-    """A mount that shows placeholder-sized content by path (here: a 26-byte file bound over NVML
-    after a successful configure) fails verification."""
+    """A mount that shows placeholder-sized content by path (here: a 26-byte file bound over libcuda
+    after a successful configure) fails verification. (Not NVML: the soname check, REF-8, would
+    catch that one too and hide an implementation that verifies by existence only.)"""
     snippet = (f'"{kernel.FAKE_CLI_DIR / "nvidia-container-cli"}" "$@" || exit $?; '
                'printf "nvidia-placeholder-marker\\n" > /run/small; '
-               f'mount --bind /run/small "$GPUJAIL_JAIL/{NVML}"; exit 0')
+               f'mount --bind /run/small "$GPUJAIL_JAIL/{CUDA}"; exit 0')
     w = world.start("w", env=stub_cli(tmp_path, configure=snippet))
     assert not w.ready
-    assert "libnvidia-ml" in one_line_error(w)
+    assert "libcuda" in one_line_error(w)
 
 
 @pytest.mark.req("REF-8")
