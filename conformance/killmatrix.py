@@ -89,7 +89,8 @@ def markdown(data: dict, command: str) -> str:
     for name, r in mutants.items():
         shown = ", ".join(f"`{short(t)}`" for t in r["killed_by"][:6])
         more = f" and {len(r['killed_by']) - 6} more" if len(r["killed_by"]) > 6 else ""
-        verdict = "timed out" if r["exit"] == "timeout" else (str(len(r["killed_by"])) if r["killed_by"] else "**survives**")
+        verdict = (f"{len(r['killed_by'])}" if not r["survived"] else "**timed out**" if r["exit"] == "timeout"
+                   else "**survives**" + (f" (pytest exit {r['exit']})" if r["exit"] not in (0, 1) else ""))
         lines.append(f"| `{name}` | {r['mistake']} | {verdict} | {shown}{more} |")
     lines += ["", "| test | mutants it kills |", "|---|---|"]
     for t, killed in sorted(tests.items(), key=lambda kv: (-len(kv[1]), kv[0])):
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mutants", default="", help="comma-separated mutant names (default: all)")
     ap.add_argument("--tests", default="conformance chaos", help="pytest paths or node ids, space-separated")
     ap.add_argument("--quick", action="store_true", help="leave out chaos's random-timing runs (-k 'not seed')")
-    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per session (default 2)")
+    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per session (default 2; 0: one process)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per session (default 1800)")
     ap.add_argument("--out", default="reports", help="directory for kill-matrix.md and .json (default reports)")
     args = ap.parse_args(argv)
