@@ -205,6 +205,22 @@ def test_capabilities_are_passed(world):
     assert "libnvidia-ml.so.550.54.15" in mounts and "libcuda.so.550.54.15" not in mounts
 
 
+@pytest.mark.req("CLI-5")
+def test_driver_mounts_are_read_only(world):
+    """Whoever makes them (the CLI, or an implementation that mounts directly), the mounts a ready
+    worker has under the jail carry configure's remount flags: driver files and device nodes
+    read-only and nosuid, IPC sockets nosuid and noexec (a socket must stay writable to connect).
+    A job cannot write the host's driver files or device nodes through the jail."""
+    node_own = {m["mountpoint"] for m in world.node("bare").mounts()}   # the node's dev/ and run/
+    w = world.start("w")
+    assert w.ready, w.attempts[-1].stderr
+    new = {os.path.relpath(m["mountpoint"], world.jail): set(m["options"].split(","))
+           for m in w.node.mounts() if m["mountpoint"] not in node_own}
+    assert "dev/nvidia0" in new and "run/nvidia-persistenced/socket" in new and CUDA in new
+    wanted = lambda rel: {"nosuid", "noexec"} if rel.startswith("run/") else {"ro", "nosuid"}  # noqa: E731
+    assert {rel: sorted(o) for rel, o in new.items() if not wanted(rel) <= o} == {}
+
+
 @pytest.mark.req("REF-6")
 def test_failing_cli_is_fatal_without_retry(world):
     """A failing `configure` is fatal (non-zero so the orchestrator restarts the container), with
