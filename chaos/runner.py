@@ -134,9 +134,9 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             warm.node.kill()
         if scenario.populate_cleanup:
             # The populate-jail job is a cluster job, not part of the worker contract: the bundled
-            # implementations bring their own (legacy's is the buggy "empty file" one); anything
-            # else is paired with the reference's.
-            job = impl if impl in ("reference", "legacy", "direct") else "reference"
+            # implementations bring their own (legacy's is the buggy "empty file" one, a mutant's
+            # may have a broken predicate); anything else is paired with the reference's.
+            job = impl if impl in ("reference", "legacy", "direct") or impl.startswith("mutant:") else "reference"
             node = fleet.start("populate", role="cpu-worker", version=None)
             r = node.run(command_for(job, str(jail), "populate", "cpu-worker") + ["populate-cleanup"])
             if r.code != 0:

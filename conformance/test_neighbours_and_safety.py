@@ -3,13 +3,16 @@ seen by a neighbour), REF-9 and REF-11, black-box through the contract.
 """
 from __future__ import annotations
 
+import fnmatch
 import os
+import stat
 import threading
 
 import pytest
 
-from conformance.helpers import lost, one_line_error
-from gpujail.contract import BUNDLED
+from conformance.helpers import MARKER_MAX, lost, one_line_error
+from fixtures import jail as jail_image
+from gpujail.contract import BUNDLED, command_for
 from gpujail.failpoints import Barrier
 
 pytestmark = pytest.mark.kernel
@@ -94,4 +97,46 @@ def test_dummy_library_over_placeholders(world, role):
     assert nvml["attached"] and nvml["loader"] == "ok"
     assert not ncurses["attached"] and ncurses["size"] == 31
     assert not stub["attached"] and stub["size"] == 8
+    # Exactly the placeholders, nothing else: not the image's real library, not the soname symlinks
+    # that ldconfig pointed at markers.
+    mounted = {os.path.relpath(m["mountpoint"], world.jail) for m in cpu.node.mounts(str(world.jail / "usr"))}
+    assert mounted == placeholders_on_host(world.jail)
     assert lost(gpu, world.jail) == []
+
+
+def placeholders_on_host(jail) -> set[str]:
+    """REF-9 as the host sees the shared jail: regular files (not symlinks) named lib*.so.* below
+    64 bytes in the library directories."""
+    found = set()
+    for d in (LIB, "usr/lib/i386-linux-gnu", "usr/lib64", "usr/lib"):
+        for name in os.listdir(jail / d) if (jail / d).is_dir() else []:
+            st = os.lstat(jail / d / name)
+            if stat.S_ISREG(st.st_mode) and fnmatch.fnmatchcase(name, "lib*.so.*") and st.st_size < MARKER_MAX:
+                found.add(f"{d}/{name}")
+    return found
+
+
+@pytest.mark.req("REF-9")
+def test_populate_cleanup_removes_only_placeholders(world, impl):
+    """The populate-jail cleanup of a reused jail removes the placeholders (old 0-byte ones and
+    markers, in every library directory) and the flag, and nothing else: not the ncurses linker
+    script, the stub archives, the image's real library, nor symlinks (ldconfig's soname link to a
+    placeholder, the image's own links). The cleanup is a cluster job of the bundled
+    implementations, not part of the worker contract."""
+    if impl not in ("reference", "legacy", "direct") and not impl.startswith("mutant:"):
+        pytest.skip(f"{impl!r}: the populate-jail cleanup is not part of the contract")
+    lib = world.jail / LIB
+    (lib / "libcuda.so.550.54.15").write_bytes(b"nvidia-placeholder-marker\n")
+    (lib / "libnvidia-ml.so.550.54.15").write_bytes(b"")
+    os.symlink("libnvidia-ml.so.550.54.15", lib / "libnvidia-ml.so.1")
+    (world.jail / "usr/lib64/libnvidia-cfg.so.550.54.15").write_bytes(b"nvidia-placeholder-marker\n")
+    (world.jail / "etc/gpu_libs_installed.flag").touch()
+    before = jail_image.snapshot(world.jail)
+    r = world.node("populate", role="cpu-worker").run(
+        command_for(impl, str(world.jail), "populate", "cpu-worker") + ["populate-cleanup"])
+    assert r.code == 0, r.stderr
+    gone = {f"{LIB}/libcuda.so.550.54.15", f"{LIB}/libnvidia-ml.so.550.54.15", "usr/lib64/libnvidia-cfg.so.550.54.15",
+            "etc/gpu_libs_installed.flag"}
+    after = jail_image.snapshot(world.jail)
+    assert sorted(set(before) - set(after)) == sorted(gone)
+    assert {k: v for k, v in before.items() if k not in gone} == after

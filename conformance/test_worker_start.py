@@ -22,7 +22,7 @@ from gpujail import kernel
 pytestmark = pytest.mark.kernel
 LOCK = "etc/complement_jail_gpu_placeholders.lock"
 FLAG = "etc/gpu_libs_installed.flag"
-NVML = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"
+CUDA = "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
 
 
 @pytest.mark.req("REF-10")
@@ -205,6 +205,22 @@ def test_capabilities_are_passed(world):
     assert "libnvidia-ml.so.550.54.15" in mounts and "libcuda.so.550.54.15" not in mounts
 
 
+@pytest.mark.req("CLI-5")
+def test_driver_mounts_are_read_only(world):
+    """Whoever makes them (the CLI, or an implementation that mounts directly), the mounts a ready
+    worker has under the jail carry configure's remount flags: driver files and device nodes
+    read-only and nosuid, IPC sockets nosuid and noexec (a socket must stay writable to connect).
+    A job cannot write the host's driver files or device nodes through the jail."""
+    node_own = {m["mountpoint"] for m in world.node("bare").mounts()}   # the node's dev/ and run/
+    w = world.start("w")
+    assert w.ready, w.attempts[-1].stderr
+    new = {os.path.relpath(m["mountpoint"], world.jail): set(m["options"].split(","))
+           for m in w.node.mounts() if m["mountpoint"] not in node_own}
+    assert "dev/nvidia0" in new and "run/nvidia-persistenced/socket" in new and CUDA in new
+    wanted = lambda rel: {"nosuid", "noexec"} if rel.startswith("run/") else {"ro", "nosuid"}  # noqa: E731
+    assert {rel: sorted(o) for rel, o in new.items() if not wanted(rel) <= o} == {}
+
+
 @pytest.mark.req("REF-6")
 def test_failing_cli_is_fatal_without_retry(world):
     """A failing `configure` is fatal (non-zero so the orchestrator restarts the container), with
@@ -228,14 +244,15 @@ def test_no_mounts_is_an_anomaly(world, tmp_path):
 
 @pytest.mark.req("REF-7")
 def test_placeholder_sized_mount_is_rejected(world, tmp_path):
-    """A mount that shows placeholder-sized content by path (here: a 26-byte file bound over NVML
-    after a successful configure) fails verification."""
+    """A mount that shows placeholder-sized content by path (here: a 26-byte file bound over libcuda
+    after a successful configure) fails verification. (Not NVML: the soname check, REF-8, would
+    catch that one too and hide an implementation that verifies by existence only.)"""
     snippet = (f'"{kernel.FAKE_CLI_DIR / "nvidia-container-cli"}" "$@" || exit $?; '
                'printf "nvidia-placeholder-marker\\n" > /run/small; '
-               f'mount --bind /run/small "$GPUJAIL_JAIL/{NVML}"; exit 0')
+               f'mount --bind /run/small "$GPUJAIL_JAIL/{CUDA}"; exit 0')
     w = world.start("w", env=stub_cli(tmp_path, configure=snippet))
     assert not w.ready
-    assert "libnvidia-ml" in one_line_error(w)
+    assert "libcuda" in one_line_error(w)
 
 
 @pytest.mark.req("REF-8")

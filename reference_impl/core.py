@@ -34,6 +34,7 @@ LDCONFIG_LOCK = "etc/complement_jail_ldconfig.lock"
 FLAG = "etc/gpu_libs_installed.flag"
 MARKER = b"nvidia-placeholder-marker\n"   # 26 bytes: non-empty, far below any real library (REF-5)
 PLACEHOLDER_MAX = 64                       # REF-9: a placeholder is smaller than this
+PLACEHOLDER_NAME = "lib*.so.*"             # REF-9: ... and named like a versioned library
 REAL_CONTENT_MIN = 1024                    # REF-7: a mounted regular file must be larger than this
 LIB64, LIB32 = "usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu"
 LIBRARY_DIRS = (LIB64, LIB32, "usr/lib64", "usr/lib")
@@ -330,7 +331,7 @@ def mark_done(ctx: Ctx) -> None:
 
 def is_placeholder(name: str, st: os.stat_result) -> bool:
     """REF-9: a regular file (not a symlink) named lib*.so.* smaller than 64 bytes."""
-    return stat.S_ISREG(st.st_mode) and fnmatch.fnmatchcase(name, "lib*.so.*") and st.st_size < PLACEHOLDER_MAX
+    return stat.S_ISREG(st.st_mode) and fnmatch.fnmatchcase(name, PLACEHOLDER_NAME) and st.st_size < PLACEHOLDER_MAX
 
 
 def is_empty_file(name: str, st: os.stat_result) -> bool:

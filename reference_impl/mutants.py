@@ -3,56 +3,96 @@
 How this works
 --------------
 `python -m reference_impl mutant:NAME` applies one mutation to reference_impl.core (replacing one
-function or constant) and then runs `reference`. A chaos or conformance test that guards against a
-mistake must fail against the mutant that makes it; `expectations/mutant-NAME.toml` records which.
-The catalogue is deliberately small here; each entry is one line of what goes wrong and why.
+function, class or constant, usually by a wrapper around the original) and then runs `reference`.
+Each entry of `MUTANTS` is (the mistake in one line, the function that applies it). The suite is
+only as strong as the mistakes it catches: `python -m conformance.killmatrix` runs the conformance
+and chaos suites against every mutant and lists which tests kill it; a mutant no test kills is a
+hole in the suite.
+
+Mutants change only the process they run in (a worker start), never the files of this package.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+import types
+from unittest import mock
 
 from gpujail import history
 
 from . import core
 
 
+def _wrap(name: str, wrapper) -> None:
+    """Replace core.NAME by wrapper(original core.NAME)."""
+    setattr(core, name, wrapper(getattr(core, name)))
+
+
+def _on_ctx(change) -> None:
+    """Every Ctx this start makes goes through change(ctx) first."""
+    from_env = core.Ctx.from_env.__func__
+    core.Ctx.from_env = classmethod(lambda cls, sysops, name: change(from_env(cls, sysops, name)))
+
+
+def _unlink_placeholders(ctx, rels) -> None:
+    for rel in rels:
+        with contextlib.suppress(OSError):
+            ctx.sys.unlink_beneath(ctx.jail, rel)
+            history.record("impl.mutant.unlink", path=rel)
+
+
+# -- markers ----------------------------------------------------------------------------------
+
 def _zero_byte_markers():
     core.MARKER = b""
 
 
+def _big_markers():
+    core.MARKER = b"nvidia placeholder: nvidia-container-cli bind-mounts the driver file here\n"
+
+
+def _host_mode_not_copied():
+    # Only create_markers uses stat.S_IMODE: every marker gets 0644 whatever the host file's mode.
+    fixed = {**{k: getattr(core.stat, k) for k in dir(core.stat) if k.startswith("S_")}, "S_IMODE": lambda mode: 0o644}
+    core.stat = types.SimpleNamespace(**fixed)
+
+
 def _recreate_markers():
     """Under the lock, 'refresh' every placeholder (unlink + write) instead of re-checking."""
-    original = core.create_markers
-
-    def create_markers(ctx, todo):
-        for _, rel in core.plan(ctx, [h for h, _ in todo]) + [(None, r) for _, r in todo]:
-            try:
-                ctx.sys.unlink_beneath(ctx.jail, rel)
-                history.record("impl.mutant.unlink", path=rel)
-            except OSError:
-                pass
-        return original(ctx, todo)
-    core.create_markers = create_markers
+    def recreating(create_markers):
+        def create(ctx, todo):
+            _unlink_placeholders(ctx, [rel for _, rel in todo])
+            return create_markers(ctx, todo)
+        return create
+    _wrap("create_markers", recreating)
     # ...and do it on every start, not only cold ones
     core.missing = lambda ctx, pairs: [(h, t) for h, t in pairs if not t.startswith(("dev/", "run/"))]
 
 
-def _cleanup_on_failure():
-    """On a failed configure, remove the placeholders 'to leave the jail clean'."""
-    original = core.run_configure
+# -- the lock ---------------------------------------------------------------------------------
 
-    def run_configure(ctx):
-        try:
-            original(ctx)
-        except core.Fatal:
-            for rel in core.placeholders(ctx):
-                try:
-                    ctx.sys.unlink_beneath(ctx.jail, rel)
-                    history.record("impl.mutant.unlink", path=rel)
-                except OSError:
-                    pass
-            raise
-    core.run_configure = run_configure
+def _no_lock():
+    core.JailLock = lambda ctx, rel=core.LOCK: contextlib.nullcontext()
+
+
+def _no_recheck():
+    def unchecked(create_markers):
+        def create(ctx, todo):
+            # The re-check under the lock looks, but is told every target it saw missing still is.
+            targets, stat_beneath = {rel for _, rel in todo}, core._stat_beneath
+            blind = lambda c, rel: None if rel in targets else stat_beneath(c, rel)
+            with mock.patch.object(core, "_stat_beneath", blind):
+                return create_markers(ctx, todo)
+        return create
+    _wrap("create_markers", unchecked)
+
+
+def _node_local_lock():
+    class NodeLocalLock(core.JailLock):
+        def __init__(self, ctx, rel=core.LOCK):
+            super().__init__(dataclasses.replace(ctx, jail="/run"), os.path.basename(rel))
+    core.JailLock = NodeLocalLock
 
 
 def _mkdir_lock():
@@ -77,11 +117,138 @@ def _mkdir_lock():
     core.JailLock = MkdirLock
 
 
+def _unbounded_lock_wait():
+    _on_ctx(lambda ctx: dataclasses.replace(ctx, lock_timeout=None))
+
+
+# -- the CLI and verification -----------------------------------------------------------------
+
+def _retry_in_process():
+    def retrying(run_configure):
+        def run(ctx):
+            for attempt in range(3):
+                try:
+                    return run_configure(ctx)
+                except core.Fatal:
+                    if attempt == 2:
+                        raise
+        return run
+    _wrap("run_configure", retrying)
+
+
+def _cleanup_on_failure():
+    """On a failed configure, remove the placeholders 'to leave the jail clean'."""
+    def cleaning(run_configure):
+        def run(ctx):
+            try:
+                run_configure(ctx)
+            except core.Fatal:
+                _unlink_placeholders(ctx, core.placeholders(ctx))
+                raise
+        return run
+    _wrap("run_configure", cleaning)
+
+
+def _verify_existence():
+    _wrap("verify", lambda verify: lambda ctx, before: verify(ctx, before, min_size=-1))
+
+
+def _exit_code_only():
+    core.verify = lambda ctx, before: []
+
+
+def _no_verify():
+    def ignoring(run_configure):
+        def run(ctx):
+            with contextlib.suppress(core.Fatal):
+                run_configure(ctx)
+        return run
+    _wrap("run_configure", ignoring)
+    core.verify = lambda ctx, before: []
+
+
+def _no_soname_check():
+    core.ensure_soname = lambda ctx, mounted: None
+
+
+def _soname_no_repair():
+    def without_ldconfig(ensure_soname):
+        def ensure(ctx, mounted):
+            run = ctx.sys.run
+            skip = lambda argv, **kw: (0, "", "") if argv[0] == "ldconfig" else run(argv, **kw)
+            with mock.patch.object(ctx.sys, "run", skip):
+                ensure_soname(ctx, mounted)
+        return ensure
+    _wrap("ensure_soname", without_ldconfig)
+
+
+# -- the placeholder predicate (REF-9) ----------------------------------------------------------
+
+def _predicate_so_star():
+    core.PLACEHOLDER_NAME = "*.so*"
+
+
+def _predicate_no_size():
+    core.PLACEHOLDER_MAX = float("inf")
+
+
+def _predicate_follows_symlinks():
+    core._lstat_in_jail = core._stat_beneath
+
+
+# -- the jail's symlinks (REF-11) ---------------------------------------------------------------
+
+class _OnTheHost:
+    """A Sys whose `*_beneath(root, rel, ...)` resolve root/rel on the host, as a plain join would:
+    openat2(RESOLVE_IN_ROOT) from `/` is exactly the host's own resolution, symlinks followed out."""
+
+    def __init__(self, sysops):
+        self._sys = sysops
+
+    def __getattr__(self, name):
+        real = getattr(self._sys, name)
+        if not name.endswith("_beneath") or name == "bind_mount_beneath":   # that one takes a source first
+            return real
+        return lambda root, rel, *rest: real("/", os.path.join(root, rel).lstrip("/"), *rest)
+
+
+def _escapes_jail():
+    core.stays_inside = lambda ctx, root, rel: None
+    _on_ctx(lambda ctx: dataclasses.replace(ctx, sys=_OnTheHost(ctx.sys)))
+
+
+def _legacy():
+    from . import legacy, reference
+    for step in ("gpu_worker", "cpu_worker", "populate_cleanup"):
+        setattr(reference, step, getattr(legacy, step))
+
+
 MUTANTS = {
     "zero-byte-placeholders": ("placeholders created empty, as the CLI does: its cleanup eats them", _zero_byte_markers),
+    "big-markers": ("a chatty marker of 64 bytes or more: no longer a placeholder by REF-9's size bound", _big_markers),
+    "host-mode-not-copied": ("markers created 0644 instead of the host file's mode: the CLI then re-creates them",
+                             _host_mode_not_copied),
     "recreate-markers": ("existing placeholders re-created (unlink + write) on every start", _recreate_markers),
-    "cleanup-on-failure": ("placeholders removed after a failed configure", _cleanup_on_failure),
+    "no-lock": ("markers created without the cross-node lock", _no_lock),
+    "no-recheck": ("under the lock, creates what it saw missing before taking it (no re-check)", _no_recheck),
+    "node-local-lock": ("the lock file on node-local /run instead of the shared jail: it serialises nobody",
+                        _node_local_lock),
     "mkdir-lock": ("a lock directory instead of flock: a killed holder never releases it", _mkdir_lock),
+    "unbounded-lock-wait": ("waits for the lock forever (GPUJAIL_LOCK_TIMEOUT ignored)", _unbounded_lock_wait),
+    "retry-in-process": ("a failing configure retried in-process (3 tries) instead of failing the start",
+                         _retry_in_process),
+    "cleanup-on-failure": ("placeholders removed after a failed configure", _cleanup_on_failure),
+    "verify-existence": ("mounts verified by existence instead of size: a marker passes", _verify_existence),
+    "exit-code-only": ("configure's exit code 0 taken as proof: its mounts never looked at", _exit_code_only),
+    "no-verify": ("fire and forget: configure's exit code ignored and nothing verified", _no_verify),
+    "no-soname-check": ("libnvidia-ml.so.1 never checked (a stale linker cache goes unnoticed)", _no_soname_check),
+    "soname-no-repair": ("libnvidia-ml.so.1 checked but never repaired with ldconfig", _soname_no_repair),
+    "predicate-so-star": ("placeholder predicate matches *.so*: eats the ncurses linker script", _predicate_so_star),
+    "predicate-no-size": ("placeholder predicate without the size bound: real libraries match", _predicate_no_size),
+    "predicate-follows-symlinks": ("placeholder predicate stats through symlinks: links to small files match",
+                                   _predicate_follows_symlinks),
+    "escapes-jail": ("jail paths joined and resolved on the host: a jail symlink leads writes out", _escapes_jail),
+    "legacy": ("the procedure before the fix: no markers, no lock, existence check, 'empty file' predicate", _legacy),
 }
 
 

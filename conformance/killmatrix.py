@@ -1,0 +1,145 @@
+"""`python -m conformance.killmatrix`: which tests kill which mutant of `reference`.
+
+How this works
+--------------
+The suite is only as strong as the mistakes it catches. For `reference` (the baseline) and then
+each mutant (`mutant:NAME`, catalogue in reference_impl/mutants.py), one pytest session runs the
+selected tests (default: the conformance and chaos suites) with `--impl` and `--gpujail-report`
+into a temporary directory; the sessions run one after another, each with `-n WORKERS`. A test
+*kills* a mutant when it passed against the baseline and failed against the mutant (a test that
+does not pass against the baseline cannot kill anything and is reported as such). A mutant no test
+kills is a *survivor*: a hole in the suite, to be closed with a new test citing the SPEC requirement.
+
+Writes `OUT/kill-matrix.md` (for people) and `OUT/kill-matrix.json` (everything, per test). Exit 0
+when every mutant is killed, 1 when any survives (or a session timed out), 2 on bad usage.
+
+    python -m conformance.killmatrix                       # every mutant, conformance + chaos
+    python -m conformance.killmatrix --quick               # chaos without its random-timing runs
+    python -m conformance.killmatrix --mutants no-lock,big-markers --tests conformance
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BASELINE = "reference"
+REPO = Path(__file__).resolve().parent.parent   # test paths are relative to the repository
+RANK = {"passed": 0, "passed-intermittent": 0, "expected-fail": 1, "skipped": 1, "unexpected-pass": 2, "failed": 2}
+
+
+def run_suite(impl: str, tests: list[str], extra: list[str], workers: int, timeout: float, scratch: Path) -> dict:
+    """One pytest session against `impl`: {"statuses": {test: status}, "exit": code, "seconds": s}.
+    A session over `timeout` is killed with its process group (nodes die with their harness)."""
+    report = scratch / f"{impl.replace(':', '-')}.json"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers), *tests, *extra,
+            "--impl", impl, f"--gpujail-report={report}", "-o", "addopts="]
+    start = time.monotonic()
+    with open(scratch / f"{impl.replace(':', '-')}.log", "w") as log:
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+        try:
+            code = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            code = "timeout"
+    statuses: dict[str, str] = {}
+    if report.exists():
+        for entry in json.loads(report.read_text())["requirements"].values():
+            for t in entry["tests"]:   # a test citing several requirements appears under each
+                old = statuses.get(t["test"])
+                if old is None or RANK.get(t["status"], 2) > RANK.get(old, 2):
+                    statuses[t["test"]] = t["status"]
+    return {"statuses": statuses, "exit": code, "seconds": round(time.monotonic() - start, 1)}
+
+
+def matrix(baseline: dict, runs: dict[str, dict], catalogue: dict[str, str]) -> dict:
+    """The kill matrix as data: per mutant its killers, per test what it kills."""
+    usable = sorted(t for t, s in baseline["statuses"].items() if RANK.get(s) == 0)
+    mutants = {}
+    for name, run in runs.items():
+        killers = [t for t in usable if run["statuses"].get(t) == "failed"]
+        mutants[name] = {"mistake": catalogue[name], "killed_by": killers, "exit": run["exit"],
+                         "seconds": run["seconds"], "survived": not killers or run["exit"] == "timeout"}
+    return {"baseline": {"implementation": BASELINE, "exit": baseline["exit"], "seconds": baseline["seconds"],
+                         "not_passing": {t: s for t, s in sorted(baseline["statuses"].items()) if RANK.get(s) != 0}},
+            "tests": {t: [m for m, r in mutants.items() if t in r["killed_by"]] for t in usable},
+            "mutants": mutants}
+
+
+def short(test: str) -> str:
+    return test.split("::")[-1]
+
+
+def markdown(data: dict, command: str) -> str:
+    mutants, tests = data["mutants"], data["tests"]
+    survivors = [m for m, r in mutants.items() if r["survived"]]
+    lines = ["# Kill matrix", "", f"`{command}`", "",
+             f"{len(mutants) - len(survivors)} of {len(mutants)} mutants killed; {len(tests)} tests passing against "
+             f"`{BASELINE}`, {sum(1 for k in tests.values() if k)} of them kill at least one mutant.", ""]
+    if survivors:
+        lines += [f"**Survivors (holes in the suite): {', '.join(survivors)}**", ""]
+    lines += ["| mutant | the mistake | killed by | tests that kill it |", "|---|---|---|---|"]
+    for name, r in mutants.items():
+        shown = ", ".join(f"`{short(t)}`" for t in r["killed_by"][:6])
+        more = f" and {len(r['killed_by']) - 6} more" if len(r["killed_by"]) > 6 else ""
+        verdict = (f"{len(r['killed_by'])}" if not r["survived"] else "**timed out**" if r["exit"] == "timeout"
+                   else "**survives**" + (f" (pytest exit {r['exit']})" if r["exit"] not in (0, 1) else ""))
+        lines.append(f"| `{name}` | {r['mistake']} | {verdict} | {shown}{more} |")
+    lines += ["", "| test | mutants it kills |", "|---|---|"]
+    for t, killed in sorted(tests.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines.append(f"| `{t}` | {len(killed)}: {', '.join(killed) if killed else '-'} |")
+    if data["baseline"]["not_passing"]:
+        lines += ["", f"Not passing against `{BASELINE}` (so they kill nothing here): " +
+                  ", ".join(f"`{t}` ({s})" for t, s in data["baseline"]["not_passing"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from reference_impl.mutants import MUTANTS
+    ap = argparse.ArgumentParser(prog="python -m conformance.killmatrix", description=__doc__.split("\n")[0])
+    ap.add_argument("--mutants", default="", help="comma-separated mutant names (default: all)")
+    ap.add_argument("--tests", default="conformance chaos", help="pytest paths or node ids, space-separated")
+    ap.add_argument("--quick", action="store_true", help="leave out chaos's random-timing runs (-k 'not seed')")
+    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per session (default 2; 0: one process)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per session (default 1800)")
+    ap.add_argument("--out", default="reports", help="directory for kill-matrix.md and .json (default reports)")
+    args = ap.parse_args(argv)
+    names = [m for m in args.mutants.split(",") if m] or list(MUTANTS)
+    unknown = [m for m in names if m not in MUTANTS]
+    if unknown:
+        print(f"killmatrix: --mutants: unknown mutant(s) {', '.join(unknown)}; known: {', '.join(MUTANTS)}",
+              file=sys.stderr)
+        return 2
+    extra = ["-k", "not seed"] if args.quick else []
+    tests = args.tests.split()
+    with tempfile.TemporaryDirectory(prefix="gpujail-killmatrix-") as scratch:
+        baseline = run_suite(BASELINE, tests, extra, args.workers, args.timeout, Path(scratch))
+        print(f"baseline {BASELINE}: {sum(1 for s in baseline['statuses'].values() if RANK.get(s) == 0)} tests pass "
+              f"({baseline['seconds']}s)", flush=True)
+        runs = {}
+        for name in names:
+            runs[name] = run_suite(f"mutant:{name}", tests, extra, args.workers, args.timeout, Path(scratch))
+            killed = sum(1 for s in runs[name]["statuses"].values() if s == "failed")
+            print(f"mutant:{name}: {killed} failing tests ({runs[name]['seconds']}s)", flush=True)
+    data = matrix(baseline, runs, {n: MUTANTS[n][0] for n in names})
+    command = "python -m conformance.killmatrix " + " ".join(argv if argv is not None else sys.argv[1:])
+    data["command"] = command.strip()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kill-matrix.json").write_text(json.dumps(data, indent=1))
+    (out / "kill-matrix.md").write_text(markdown(data, data["command"]))
+    survivors = [m for m, r in data["mutants"].items() if r["survived"]]
+    print(f"{len(names) - len(survivors)} of {len(names)} mutants killed" +
+          (f"; survivors: {', '.join(survivors)}" if survivors else "") + f"; see {out / 'kill-matrix.md'}")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
