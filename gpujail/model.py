@@ -594,7 +594,7 @@ class World:
         result = checker.check_hygiene(checker.Run([], {"jail_before": self.jail_before, "jail_after": snapshot(self.fs),
                                                         "outside_changes": self.fs.outside_changes}))
         for v in result.violations:
-            self.violations.append(Violation("INV-3", v.message, len(self.trace)))
+            self.violations.append(Violation("INV-3", v.explanation, len(self.trace)))
 
     # -- locks and descriptors (K-4) ---------------------------------------------------------------
     def open_fd(self, node: Inode, proc: Proc) -> int:

@@ -41,6 +41,7 @@ def execute(name: str, action: str, ctx: core.Ctx) -> int:
     """Run one bundled implementation's `action` for `ctx`: exit code, one line on stderr on failure.
     The kernel and docker backends reach it through main(); the model backend calls it in-process."""
     impl = IMPLEMENTATIONS[name]
+    ctx = core.prepare(ctx)
     try:
         if action == "populate-cleanup":
             step = impl.populate_cleanup

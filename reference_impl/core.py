@@ -85,6 +85,12 @@ class Ctx:
         return [f"--{c}" for c in caps]
 
 
+def prepare(ctx: Ctx) -> Ctx:
+    """The context a start runs with. The identity here; the one place a mutant (reference_impl/
+    mutants.py) changes it, so the same change applies on every backend, the model's included."""
+    return ctx
+
+
 # -- REF-1: the file set ----------------------------------------------------------------------
 
 def file_set(ctx: Ctx) -> list[str]:

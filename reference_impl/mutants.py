@@ -30,9 +30,9 @@ def _wrap(name: str, wrapper) -> None:
 
 
 def _on_ctx(change) -> None:
-    """Every Ctx this start makes goes through change(ctx) first."""
-    from_env = core.Ctx.from_env.__func__
-    core.Ctx.from_env = classmethod(lambda cls, sysops, name: change(from_env(cls, sysops, name)))
+    """Every start's Ctx goes through change(ctx) first (core.prepare: on every backend)."""
+    prepare = core.prepare
+    core.prepare = lambda ctx: change(prepare(ctx))
 
 
 def _unlink_placeholders(ctx, rels) -> None:

@@ -136,3 +136,11 @@ def test_reference_changes_nothing_outside_the_jail():
     world = explore.simulate("reference", EMPTY)
     assert world.fs.outside_changes == []
     assert world.fs.lookup(world.workers[0].ns, f"{JAIL}/{LIB}") is world.fs.lookup(world.workers[0].ns, f"/{LIB}")
+
+
+def test_jail_hygiene_is_judged_by_the_checkers_rules():
+    """INV-3's jail half at the end of a run: a 76-byte 'marker' is no placeholder (REF-9)."""
+    world = explore.simulate("mutant:big-markers", EMPTY)
+    assert [v.invariant for v in world.violations] == ["INV-3"] * len(world.violations) and world.violations
+    assert "appeared" in world.violations[0].message
+    assert not explore.simulate("reference", EMPTY).violations
