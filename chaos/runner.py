@@ -152,7 +152,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
 
         def probe_ready() -> None:
             for w, worker in list(workers.items()):
-                if worker.ready and w in probes and worker.node.proc.poll() is None:
+                if worker.ready and w in probes and worker.node.alive:
                     try:
                         worker.node.probe(probes[w])
                     except RuntimeError:

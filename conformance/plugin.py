@@ -243,22 +243,28 @@ def impl(request) -> str:
     return option(request.config, "impl")
 
 
-def open_fleet(jail: Path, run_dir: Path, seed: str = "0"):
-    """A kernel-backend fleet on `jail` that records into `run_dir` (history, barriers); skips the
-    test with the reason when this host cannot run the kernel backend."""
-    from gpujail import kernel
-    reason = kernel.precondition()
+def backend_module(backend: str):
+    """The module implementing `backend`: its `precondition()` and its `Fleet`."""
+    import importlib
+    return importlib.import_module({"kernel": "gpujail.kernel", "docker": "gpujail.docker_backend"}[backend])
+
+
+def open_fleet(jail: Path, run_dir: Path, seed: str = "0", backend: str = "kernel"):
+    """A fleet of `backend` on `jail` that records into `run_dir` (history, barriers); skips the
+    test with the reason when this host cannot run that backend."""
+    module = backend_module(backend)
+    reason = module.precondition()
     if reason:
         pytest.skip(reason)
-    return kernel.Fleet.recording(jail, run_dir, seed)
+    return module.Fleet.recording(jail, run_dir, seed)
 
 
 @pytest.fixture
 def world(request, tmp_path, impl):
     from fixtures.jail import make_jail
     backend = option(request.config, "backend")
-    if backend != "kernel":
-        pytest.skip(f"backend {backend!r} is not available in this build (only 'kernel' is)")
+    if backend not in ("kernel", "docker"):
+        pytest.skip(f"backend {backend!r} is not available in this build (only 'kernel' and 'docker' are)")
     jail = make_jail(tmp_path / "jail")
-    with open_fleet(jail, tmp_path / "run", option(request.config, "seed")) as fleet:
+    with open_fleet(jail, tmp_path / "run", option(request.config, "seed"), backend) as fleet:
         yield World(fleet, jail, impl, tmp_path / "run")

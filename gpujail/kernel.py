@@ -137,6 +137,10 @@ class Node:
     def mounts(self, under: str | None = None) -> list[dict]:
         return self.call("mounts", under=under or str(self.jail))["mounts"]
 
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def kill(self) -> None:
         """SIGKILL the node's PID 1 (the kernel then kills every process in its PID namespace, and
         the mount namespace goes with the last of them) and wait until it is gone."""
