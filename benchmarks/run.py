@@ -6,6 +6,7 @@ Figures (each with its comparison measured in the same run, since absolute times
   warm-inprocess   reference's warm path in-process, given the `list` output (issue 3: < 5 ms)
   warm-process     reference vs example-shell vs direct as whole processes on the same warm jail
   starts-16        worker starts per second, 16 parallel workers, warm and cold jail (issue 4: 50/s)
+  docker-starts    worker starts per second, containers (docker backend) against processes (issue 7)
   seed-bug         legacy on the deterministic cold-race scenario: reproduction rate, time to the
                    first violation; reference on the same seeds (issue 4: 50/50, median < 1 s)
 Benchmarks never assert a time; they measure and print.
@@ -73,9 +74,9 @@ def bench_warm_process(tmp: Path, n: int) -> dict:
     return out
 
 
-def bench_starts(tmp: Path, workers: int, warm: bool, impl: str = "reference") -> dict:
+def bench_starts(tmp: Path, workers: int, warm: bool, impl: str = "reference", fleet_class=kernel.Fleet) -> dict:
     jail = make_jail(tmp / f"jail-{impl}-{warm}")
-    with kernel.Fleet(jail, {}) as fleet:
+    with fleet_class(jail, {}) as fleet:
         if warm:
             assert start_worker(fleet, "prewarm", impl).ready
         results = {}
@@ -135,7 +136,8 @@ def main(argv=None) -> int:
     n = 5 if args.quick else 30
     res = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, {platform.platform()}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    wanted = set(args.only or ["warm-inprocess", "warm-process", "starts-16", "seed-bug", "chaos-suite"])
+    wanted = set(args.only or ["warm-inprocess", "warm-process", "starts-16", "docker-starts", "seed-bug",
+                               "chaos-suite"])
     with tempfile.TemporaryDirectory(prefix="gpujail-bench-") as d:
         tmp = Path(d)
         if "warm-inprocess" in wanted:
@@ -146,6 +148,9 @@ def main(argv=None) -> int:
             res["starts_16_warm"] = bench_starts(tmp / "c", 16, True)
             res["starts_16_cold"] = bench_starts(tmp / "c", 16, False)
             res["starts_16_warm_direct"] = bench_starts(tmp / "c", 16, True, "direct")
+        if "docker-starts" in wanted:
+            from . import docker_starts
+            res["docker_vs_process_starts"] = docker_starts.bench(tmp / "e", 5 if args.quick else 20)
         if "seed-bug" in wanted:
             res["seed_bug_cold_race"] = bench_seed_bug(tmp / "d", 10 if args.quick else 50)
         if "chaos-suite" in wanted:

@@ -243,28 +243,31 @@ def impl(request) -> str:
     return option(request.config, "impl")
 
 
-def backend_module(backend: str):
-    """The module implementing `backend`: its `precondition()` and its `Fleet`."""
+def fleet_class(backend: str):
+    """The `Fleet` of `backend`; skips the test with the reason when this build or this host cannot
+    run that backend."""
     import importlib
-    return importlib.import_module({"kernel": "gpujail.kernel", "docker": "gpujail.docker_backend"}[backend])
+    modules = {"kernel": "gpujail.kernel", "docker": "gpujail.docker_backend"}
+    if backend not in modules:
+        pytest.skip(f"backend {backend!r} is not available in this build (only {' and '.join(modules)})")
+    module = importlib.import_module(modules[backend])
+    reason = module.precondition()
+    if reason:
+        pytest.skip(reason)
+    return module.Fleet
 
 
 def open_fleet(jail: Path, run_dir: Path, seed: str = "0", backend: str = "kernel"):
     """A fleet of `backend` on `jail` that records into `run_dir` (history, barriers); skips the
     test with the reason when this host cannot run that backend."""
-    module = backend_module(backend)
-    reason = module.precondition()
-    if reason:
-        pytest.skip(reason)
-    return module.Fleet.recording(jail, run_dir, seed)
+    return fleet_class(backend).recording(jail, run_dir, seed)
 
 
 @pytest.fixture
 def world(request, tmp_path, impl):
     from fixtures.jail import make_jail
     backend = option(request.config, "backend")
-    if backend not in ("kernel", "docker"):
-        pytest.skip(f"backend {backend!r} is not available in this build (only 'kernel' and 'docker' are)")
+    fleet_class(backend)   # skip before building a jail
     jail = make_jail(tmp_path / "jail")
     with open_fleet(jail, tmp_path / "run", option(request.config, "seed"), backend) as fleet:
         yield World(fleet, jail, impl, tmp_path / "run")

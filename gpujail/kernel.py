@@ -203,6 +203,11 @@ class Fleet:
         self.nodes.append(node)
         return node.start()
 
+    def leftovers(self) -> list[str]:
+        """What of this fleet outlived it besides host processes and mounts (none here; the docker
+        backend's containers)."""
+        return []
+
     def __enter__(self) -> Fleet:
         return self
 

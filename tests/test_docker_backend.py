@@ -1,0 +1,171 @@
+"""The docker backend's own pieces (issue 7): containers as nodes, the cached worker image, and
+what happens when the engine fails us. The conformance and chaos suites run on top of it with
+`--backend docker` (./run-tests); these check what those suites take for granted.
+
+Every test skips, with the reason, where no Docker Engine answers (scripts/with-dockerd.sh starts
+one as root). The daemon test starts a private engine of its own and stops it by its pid.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpujail import docker_backend, docker_image
+from gpujail.contract import RestartPolicy, start_worker
+from gpujail.failpoints import Barrier
+from gpujail.probes import gpu_files, problems
+
+pytestmark = pytest.mark.skipif(docker_backend.precondition() is not None,
+                                reason=str(docker_backend.precondition()))
+
+
+@pytest.fixture
+def dfleet(jail, run_dir):
+    with docker_backend.Fleet.recording(jail, run_dir) as f:
+        yield f
+    assert f.leftovers() == [] and f.engine_errors == []
+
+
+def containers_of(fleet) -> list[str]:
+    return [c.name for c in docker_backend.client().containers.list(
+        all=True, filters={"label": f"{docker_backend.LABEL}={fleet.id}"})]
+
+
+def test_worker_is_a_container_with_the_contract_view(dfleet, jail):
+    """SPEC section 5 in a container: the implementation runs in the container's own mount and PID
+    namespaces, as a container with CAP_SYS_ADMIN but not privileged and without network, and a
+    GPU job there sees every driver file through the shared jail."""
+    w = start_worker(dfleet, "w", "reference")
+    assert w.ready, w.attempts[-1].stderr
+    assert problems(w.node.probe(gpu_files(jail))) == []
+    host = w.node.container.attrs["HostConfig"]
+    assert (host["Privileged"], host["CapAdd"], host["NetworkMode"]) == (False, ["SYS_ADMIN"], "none")
+    r = w.node.run(["readlink", "/proc/self/ns/mnt", "/proc/self/ns/pid"])
+    assert r.code == 0 and set(r.stdout.split()).isdisjoint({os.readlink("/proc/self/ns/mnt"),
+                                                             os.readlink("/proc/self/ns/pid")})
+    assert str(jail) + "/" not in Path("/proc/self/mountinfo").read_text()   # nothing in the host's view
+
+
+def test_restart_is_a_new_container(dfleet):
+    """A failing start is restarted as a new container; the failed one is gone."""
+    names = []
+    w = start_worker(dfleet, "w", "reference", policy=RestartPolicy(max_restarts=1),
+                     first_attempt_env={"GPUJAIL_FAILPOINTS": "cli.before_list=return(EIO)"},
+                     on_node=lambda n: names.append(n.container.name))
+    assert [a.code for a in w.attempts][1:] == [0] and w.attempts[0].code != 0
+    assert len(set(names)) == 2 and containers_of(dfleet) == [names[1]]
+
+
+def test_image_is_cached_by_content_hash():
+    """The image is imported once per set of inputs: asking again finds it, a changed input names
+    another tag, and only one gpujail-worker image is kept."""
+    client = docker_backend.client()
+    tag = docker_image.ensure(client)
+    image_id = client.images.get(tag).id
+    assert docker_image.ensure(client) == tag and client.images.get(tag).id == image_id
+    files = docker_image.inputs()
+    changed = dict(files, **{"usr/bin/cat": files["usr/bin/tail"]})
+    assert docker_image.tag_for(changed) != tag
+    assert [t for i in client.images.list(name=docker_image.REPOSITORY) for t in i.tags] == [tag]
+
+
+def test_image_build_failure_is_one_line_and_leaves_nothing():
+    """An input the host lacks: one line naming it, and no image, container or temp file left."""
+    client = docker_backend.client()
+    images = {i.id for i in client.images.list(all=True)}
+    temps = set(os.listdir(tempfile.gettempdir()))
+    with pytest.raises(docker_image.ImageError) as e:
+        docker_image.ensure(client, tools=(*docker_image.TOOLS, "gpujail-no-such-tool"))
+    assert "gpujail-no-such-tool" in str(e.value) and "\n" not in str(e.value)
+    assert {i.id for i in client.images.list(all=True)} == images
+    assert not {t for t in set(os.listdir(tempfile.gettempdir())) - temps if t.startswith("gpujail-image-")}
+
+
+def test_container_killed_by_the_engine(dfleet, run_dir):
+    """The engine kills a worker's container while its implementation runs (held at a failpoint
+    barrier): the attempt ends as `killed` with one line naming the container, the restart is a new
+    container that becomes ready, and nothing of the killed one is left."""
+    client = docker_backend.client()
+    nodes = []
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("w", start_worker(
+        dfleet, "w", "reference", policy=RestartPolicy(max_restarts=1), on_node=nodes.append,
+        first_attempt_env={"GPUJAIL_FAILPOINTS": "cli.before_list=pause(hold)"})))
+    t.start()
+    Barrier("hold", str(run_dir / "barriers")).wait_arrivals(1, timeout=60)
+    client.containers.get(nodes[0].container.name).kill()
+    t.join()
+    w = result["w"]
+    assert w.attempts[0].code == "killed" and nodes[0].container.name in w.attempts[0].stderr
+    assert len(w.attempts[0].stderr.strip().splitlines()) == 1
+    assert w.ready and containers_of(dfleet) == [nodes[1].container.name]
+
+
+@pytest.fixture
+def private_engine(tmp_path, monkeypatch):
+    """A Docker Engine of this test's own (its own data and exec roots and socket), stopped by its
+    pid at the end, whatever happened."""
+    if os.getuid() != 0 or not shutil.which("dockerd"):
+        pytest.skip("a private Docker Engine needs root and dockerd")
+    root = Path(tempfile.mkdtemp(prefix="gpujail-dk-", dir="/tmp"))   # short: unix socket paths
+    sock = f"unix://{root}/d.sock"
+    daemon = subprocess.Popen(["dockerd", "--iptables=false", "--bridge=none", "--data-root", f"{root}/data",
+                               "--exec-root", f"{root}/x", "--host", sock, "--pidfile", f"{root}/d.pid",
+                               "--shutdown-timeout", "2"],
+                              stdout=open(root / "log", "w"), stderr=subprocess.STDOUT)
+    monkeypatch.setenv("DOCKER_HOST", sock)
+    try:
+        deadline = time.monotonic() + 60
+        while docker_backend.precondition() is not None:
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                pytest.skip(f"the private engine did not start: {(root / 'log').read_text()[-300:]}")
+            time.sleep(0.1)
+        yield daemon
+    finally:
+        if daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(60)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+        subprocess.run(["umount", "-R", "-l", *[m for m in mounts_under(root)]], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def mounts_under(root: Path) -> list[str]:
+    return [ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+            if ln.split()[4].startswith(str(root))]
+
+
+def test_engine_going_away_mid_run(private_engine, jail, run_dir):
+    """The engine stops while a worker is ready and the next one is starting: the ready worker's
+    node is reported gone, the next start fails with one line naming the node and the engine's
+    error, and no container process or mount of the run is left on the host."""
+    with docker_backend.Fleet.recording(jail, run_dir) as fleet:
+        a = start_worker(fleet, "a", "reference")
+        assert a.ready, a.attempts[-1].stderr
+        private_engine.send_signal(signal.SIGTERM)
+        private_engine.wait(60)
+        with pytest.raises(RuntimeError, match="node a: probe: container .* ended under the request"):
+            a.node.probe(gpu_files(jail))
+        with pytest.raises(docker_backend.EngineError) as e:
+            start_worker(fleet, "b", "reference")
+        assert str(e.value).startswith("node b: the engine did not start its container: ") and "\n" not in str(e.value)
+    leftover = [p for p in os.listdir("/proc") if p.isdigit() and str(jail) in _cmdline(p)]
+    assert leftover == [] and str(jail) not in Path("/proc/self/mountinfo").read_text()
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
