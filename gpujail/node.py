@@ -19,6 +19,10 @@ stdin/stdout. It:
    through the jail with the real loader, `mounts`, `exit`.
 
 The host's own `/usr`, `/dev`, `/run` are never written: every change is a mount in this namespace.
+
+In the docker backend (gpujail/docker_backend.py) the same agent is PID 1 of a container: step 1 is
+the container itself, the driver files are bind-mounted by the engine (no overlay), and the harness
+talks to it over a unix socket named by `listen` in the config instead of pipes.
 """
 from __future__ import annotations
 

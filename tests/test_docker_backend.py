@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.jail import make_jail
 from gpujail import docker_backend, docker_image
 from gpujail.contract import RestartPolicy, start_worker
 from gpujail.failpoints import Barrier
@@ -162,6 +164,39 @@ def test_engine_going_away_mid_run(private_engine, jail, run_dir):
         assert str(e.value).startswith("node b: the engine did not start its container: ") and "\n" not in str(e.value)
     leftover = [p for p in os.listdir("/proc") if p.isdigit() and str(jail) in _cmdline(p)]
     assert leftover == [] and str(jail) not in Path("/proc/self/mountinfo").read_text()
+
+
+_HARNESS = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from gpujail import docker_backend
+from gpujail.contract import start_worker
+fleet = docker_backend.Fleet(sys.argv[2])
+w = start_worker(fleet, "orphan", "reference")
+print(fleet.id if w.ready else w.attempts[-1].stderr, flush=True)
+time.sleep(600)
+"""
+
+
+def test_nothing_left_after_the_harness_is_sigkilled(tmp_path):
+    """INV-6: a harness SIGKILLed with a ready worker gets no chance to remove its container; the
+    node agent sees its connection close and exits, and the engine removes the container."""
+    jail = make_jail(tmp_path / "jail")
+    harness = subprocess.Popen([sys.executable, "-c", _HARNESS, str(Path(__file__).resolve().parents[1]), str(jail)],
+                               stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        fleet_id = harness.stdout.readline().strip()
+        assert len(fleet_id) == 8, fleet_id
+    finally:
+        os.kill(harness.pid, signal.SIGKILL)
+        harness.wait()
+        harness.stdout.close()
+    client, deadline = docker_backend.client(), time.monotonic() + 30
+    label = {"label": f"{docker_backend.LABEL}={fleet_id}"}
+    while client.containers.list(all=True, filters=label) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert client.containers.list(all=True, filters=label) == []
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and str(jail) in _cmdline(p)]
 
 
 def _cmdline(pid: str) -> str:
