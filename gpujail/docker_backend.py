@@ -52,8 +52,10 @@ LABEL = "gpujail.fleet"
 START_TIMEOUT = 60.0
 
 
-class EngineError(RuntimeError):
-    """The Docker Engine failed the harness: one line naming the node and what the engine said."""
+class EngineError(Exception):
+    """The Docker Engine failed the harness: one line naming the node and what the engine said. Not a
+    RuntimeError: the contract runner counts those as a worker's failed attempt, and an engine
+    failure is the harness's, not the worker's."""
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -90,6 +92,15 @@ class Node(kernel.Node):
     killed: bool = False
 
     def start(self) -> Node:
+        """Nothing yet: the container starts with its command, the implementation (`run`), or bare
+        on the first other request (a node a test drives by hand)."""
+        self._lock = threading.Lock()
+        return self
+
+    def _boot(self, argv: list[str] | None = None, env: dict[str, str] | None = None, timeout: float = 0) -> None:
+        """Create and start the container: entrypoint the node agent, command `argv` (run by the
+        agent once the node's view is built, with the container's environment `env` and working
+        directory the jail, SPEC section 5), and connect to the agent."""
         fleet = self.fleet
         mounts, devices, socket_path = list(fleet.mounts()), [], None
         if self.role == "gpu-worker":
@@ -98,25 +109,29 @@ class Node(kernel.Node):
             socket_path = drivers.PERSISTENCED_SOCKET
         seq = next(fleet.seq)   # atomic: nodes start from many threads at once
         name = f"gpujail-{fleet.id}-{seq}-{re.sub(r'[^a-zA-Z0-9_.-]', '_', self.node_id)}"[:120]
-        host_sock = fleet.ctl_dir / f"{seq}.sock"
         cfg = {"jail": str(self.jail), "driver_tree": None, "devices": devices, "socket": socket_path,
-               **self.options, "listen": f"{CTL}/{host_sock.name}",
+               **self.options, "listen": f"{CTL}/{seq}.sock", "timeout": timeout,
                "env": {k: v for k, v in self.env.items() if k.startswith("GPUJAIL_")}}
         try:
-            self.container = fleet.client.containers.run(
-                fleet.image, [PYTHON, "-S", "-m", "gpujail.node", json.dumps(cfg)], name=name, detach=True,
-                auto_remove=True, labels={LABEL: fleet.id}, mounts=mounts, network_mode="none",
-                cap_add=["SYS_ADMIN"], security_opt=["seccomp=unconfined", "apparmor=unconfined"],
-                environment={"PYTHONPATH": _pythonpath(), "LANG": "C.UTF-8"}, working_dir="/")
+            container = fleet.client.containers.run(
+                fleet.image, argv or [], entrypoint=[PYTHON, "-S", "-m", "gpujail.node", json.dumps(cfg)],
+                environment=env or {"PYTHONPATH": _pythonpath(), "LANG": "C.UTF-8"},
+                working_dir=str(self.jail) if argv else "/", name=name, detach=True, auto_remove=True,
+                labels={LABEL: fleet.id}, mounts=mounts, network_mode="none", cap_add=["SYS_ADMIN"],
+                security_opt=["seccomp=unconfined", "apparmor=unconfined"])
         except _errors() as e:
             raise EngineError(f"node {self.node_id}: the engine did not start its container: {one_line(e)}") from None
-        self.sock = self._connect(host_sock)
+        with self._lock:
+            self.container, killed = container, self.killed
+        if killed:   # a kill that came while the engine was creating it
+            self.kill()
+            raise RuntimeError(f"node {self.node_id}: killed while its container started")
+        self.sock = self._connect(fleet.ctl_dir / f"{seq}.sock")
         self._in, self._out = self.sock.makefile("r"), self.sock.makefile("w")
         hello = self._read()
         if not hello.get("ready"):
             self.kill()
             raise RuntimeError(f"node {self.node_id}: {hello.get('error', 'did not start')}")
-        return self
 
     def _connect(self, path: Path) -> socket.socket:
         """Wait for the agent's socket; a container that ends first is an error with its state."""
@@ -164,6 +179,8 @@ class Node(kernel.Node):
         return json.loads(line)
 
     def call(self, op: str, **args) -> dict:
+        if self.container is None and not self.killed:
+            self._boot()
         if self.sock is None or self.killed:
             raise RuntimeError(f"node {self.node_id} is not running")
         try:
@@ -179,7 +196,13 @@ class Node(kernel.Node):
     def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120.0) -> kernel.RunResult:
         # The harness's interpreter is the image's: the bundled implementations are `sys.executable -m ...`.
         argv = [PYTHON if word == sys.executable else word for word in argv]
-        return super().run(argv, env, timeout)
+        if self.container is not None or self.killed:
+            return super().run(argv, env, timeout)
+        self._boot(argv, env if env is not None else self.contract_env(), timeout)
+        r = self._read()   # the agent's report of the container's command
+        if "error" in r:
+            raise RuntimeError(f"node {self.node_id}: run: {r['error']}")
+        return kernel.RunResult(r["code"], r["stdout"], r["stderr"], r["duration"])
 
     def contract_env(self, capabilities: str = "compute,utility", extra: dict | None = None) -> dict[str, str]:
         env = super().contract_env(capabilities, extra)
@@ -193,10 +216,12 @@ class Node(kernel.Node):
 
     def kill(self) -> None:
         """SIGKILL the container (every process in it, its mount namespace with them) and remove it."""
-        self.killed = True
-        if self.container is not None:
+        with self._lock:
+            self.killed = True
+            container = self.container
+        if container is not None:
             try:
-                self.container.remove(force=True)
+                container.remove(force=True)
             except _errors() as e:
                 if "404" not in str(e) and "409" not in str(e) and "No such container" not in str(e):
                     self.fleet.engine_errors.append(f"node {self.node_id}: {one_line(e)}")

@@ -20,9 +20,11 @@ stdin/stdout. It:
 
 The host's own `/usr`, `/dev`, `/run` are never written: every change is a mount in this namespace.
 
-In the docker backend (gpujail/docker_backend.py) the same agent is PID 1 of a container: step 1 is
-the container itself, the driver files are bind-mounted by the engine (no overlay), and the harness
-talks to it over a unix socket named by `listen` in the config instead of pipes.
+In the docker backend (gpujail/docker_backend.py) the same agent is PID 1 of a container, its
+entrypoint: step 1 is the container itself, the driver files are bind-mounted by the engine (no
+overlay), the harness talks to it over a unix socket named by `listen` in the config instead of
+pipes, and the container's command (the implementation under test, after the config argument) is
+run first, with the container's environment and working directory, as if it were a `run` request.
 """
 from __future__ import annotations
 
@@ -253,6 +255,7 @@ def accept_harness(path: str, timeout: float = 120.0):
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    command, command_env = sys.argv[2:], dict(os.environ)   # docker: the container's command and environment
     os.environ.update(cfg.get("env", {}))
     container = bool(cfg.get("listen"))
     if container:
@@ -280,6 +283,10 @@ def main() -> None:
     # container it is the container's own pid; the engine kills containers.)
     out.write(json.dumps({"ready": True, "uid": os.getuid(), "host_pid": int(os.readlink("/proc/self"))}) + "\n")
     out.flush()
+    if command:   # the container's command (the implementation), in the jail, as its first request
+        out.write(json.dumps(op_run({"argv": command, "env": command_env, "cwd": os.getcwd(),
+                                     "timeout": cfg.get("timeout") or None})) + "\n")
+        out.flush()
     serve(inp, out)
 
 

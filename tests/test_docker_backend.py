@@ -42,12 +42,16 @@ def containers_of(fleet) -> list[str]:
 
 
 def test_worker_is_a_container_with_the_contract_view(dfleet, jail):
-    """SPEC section 5 in a container: the implementation runs in the container's own mount and PID
-    namespaces, as a container with CAP_SYS_ADMIN but not privileged and without network, and a
-    GPU job there sees every driver file through the shared jail."""
+    """SPEC section 5 in a container: the implementation is the container's command, with the
+    contract's environment and the jail as working directory, in the container's own mount and PID
+    namespaces, with CAP_SYS_ADMIN but not privileged and without network; a GPU job there sees
+    every driver file through the shared jail."""
     w = start_worker(dfleet, "w", "reference")
     assert w.ready, w.attempts[-1].stderr
     assert problems(w.node.probe(gpu_files(jail))) == []
+    config = w.node.container.attrs["Config"]
+    assert config["Cmd"] == [docker_image.PYTHON, "-S", "-m", "reference_impl", "reference"]
+    assert config["WorkingDir"] == str(jail) and {"GPUJAIL_NODE=w", f"GPUJAIL_JAIL={jail}"} <= set(config["Env"])
     host = w.node.container.attrs["HostConfig"]
     assert (host["Privileged"], host["CapAdd"], host["NetworkMode"]) == (False, ["SYS_ADMIN"], "none")
     r = w.node.run(["readlink", "/proc/self/ns/mnt", "/proc/self/ns/pid"])
@@ -58,11 +62,11 @@ def test_worker_is_a_container_with_the_contract_view(dfleet, jail):
 
 def test_restart_is_a_new_container(dfleet):
     """A failing start is restarted as a new container; the failed one is gone."""
-    names = []
+    nodes = []
     w = start_worker(dfleet, "w", "reference", policy=RestartPolicy(max_restarts=1),
-                     first_attempt_env={"GPUJAIL_FAILPOINTS": "cli.before_list=return(EIO)"},
-                     on_node=lambda n: names.append(n.container.name))
+                     first_attempt_env={"GPUJAIL_FAILPOINTS": "cli.before_list=return(EIO)"}, on_node=nodes.append)
     assert [a.code for a in w.attempts][1:] == [0] and w.attempts[0].code != 0
+    names = [n.container.name for n in nodes]
     assert len(set(names)) == 2 and containers_of(dfleet) == [names[1]]
 
 
