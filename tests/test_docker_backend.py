@@ -208,3 +208,18 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+@pytest.mark.parametrize("impl", ["legacy", "reference"])
+def test_seed_bug_across_containers(impl, tmp_path):
+    """The deterministic cold-race scenario with every worker a container: against `legacy` the
+    seed bug shows exactly as across namespaces (a loser's CLI cleanup unlinks the 0-byte
+    placeholders under the winners' mounts, INV-1), against `reference` the run is valid."""
+    from chaos import runner, scenario
+    result = runner.run(scenario.load("cold-race"), impl, tmp_path / "run", fleet_class=docker_backend.Fleet)
+    if impl == "reference":
+        assert result.verdict.valid is True, result.report()
+        return
+    assert result.verdict.results["INV-1"].valid is False, result.report()
+    assert "CLI cleanup unlinked" in result.report(), result.report()
+    assert result.verdict.results["INV-6"].valid is True, result.report()
