@@ -309,7 +309,9 @@ class Fleet(kernel.Fleet):
         except _errors() as e:   # cannot tell: say so, so that the checker cannot pass INV-6 silently
             return [f"(unknown: the engine did not answer: {one_line(e)})"]
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        """Remove every container of the fleet. When the engine failed at that (and nothing else is
+        already failing), one EngineError line says so: a test must not pass over leftovers."""
         for n in self.nodes:
             n.kill()
         if self._client is not None:
@@ -321,3 +323,7 @@ class Fleet(kernel.Fleet):
         if self.ctl_dir is not None:
             os.close(self.ctl_fd)
             shutil.rmtree(self.ctl_dir, ignore_errors=True)
+        if self.engine_errors and exc_type is None:
+            raise EngineError(f"fleet {self.id}: the engine failed while removing its containers: "
+                              f"{self.engine_errors[0]}" + (f" (and {len(self.engine_errors) - 1} more)"
+                                                            if len(self.engine_errors) > 1 else ""))

@@ -155,17 +155,20 @@ def mounts_under(root: Path) -> list[str]:
 def test_engine_going_away_mid_run(private_engine, jail, run_dir):
     """The engine stops while a worker is ready and the next one is starting: the ready worker's
     node is reported gone, the next start fails with one line naming the node and the engine's
-    error, and no container process or mount of the run is left on the host."""
-    with docker_backend.Fleet.recording(jail, run_dir) as fleet:
-        a = start_worker(fleet, "a", "reference")
-        assert a.ready, a.attempts[-1].stderr
-        private_engine.send_signal(signal.SIGTERM)
-        private_engine.wait(60)
-        with pytest.raises(RuntimeError, match="node a: probe: container .* ended under the request"):
-            a.node.probe(gpu_files(jail))
-        with pytest.raises(docker_backend.EngineError) as e:
-            start_worker(fleet, "b", "reference")
-        assert str(e.value).startswith("node b: the engine did not start its container: ") and "\n" not in str(e.value)
+    error, leaving the fleet says in one line that the engine could not confirm the removal, and
+    no container process or mount of the run is left on the host."""
+    with pytest.raises(docker_backend.EngineError, match="the engine failed while removing its containers"):
+        with docker_backend.Fleet.recording(jail, run_dir) as fleet:
+            a = start_worker(fleet, "a", "reference")
+            assert a.ready, a.attempts[-1].stderr
+            private_engine.send_signal(signal.SIGTERM)
+            private_engine.wait(60)
+            with pytest.raises(RuntimeError, match="node a: probe: container .* ended under the request"):
+                a.node.probe(gpu_files(jail))
+            with pytest.raises(docker_backend.EngineError) as e:
+                start_worker(fleet, "b", "reference")
+            assert str(e.value).startswith("node b: the engine did not start its container: ")
+            assert "\n" not in str(e.value)
     leftover = [p for p in os.listdir("/proc") if p.isdigit() and str(jail) in _cmdline(p)]
     assert leftover == [] and str(jail) not in Path("/proc/self/mountinfo").read_text()
 
