@@ -266,8 +266,7 @@ def open_fleet(jail: Path, run_dir: Path, seed: str = "0", backend: str = "kerne
 @pytest.fixture
 def world(request, tmp_path, impl):
     from fixtures.jail import make_jail
-    backend = option(request.config, "backend")
-    fleet_class(backend)   # skip before building a jail
+    backend_fleet = fleet_class(option(request.config, "backend"))   # skips before building a jail
     jail = make_jail(tmp_path / "jail")
-    with open_fleet(jail, tmp_path / "run", option(request.config, "seed"), backend) as fleet:
+    with backend_fleet.recording(jail, tmp_path / "run", option(request.config, "seed")) as fleet:
         yield World(fleet, jail, impl, tmp_path / "run")
