@@ -184,14 +184,31 @@ def cold_contention(tmp: Path, workers: int = 16) -> tuple[list[Row], dict]:
 # -- docker, model, suites, memory --------------------------------------------------------------------
 
 def docker(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
-    try:
-        from gpujail import docker_backend
-    except ImportError:
-        return [Row("container starts/s", "not measured: no docker backend in this build")], {}
+    """Containers (docker backend) against processes (kernel backend), same jail recipe, same
+    implementation, one run: one warm start at a time (node included), and 16 started at once."""
+    from gpujail import docker_backend
     reason = docker_backend.precondition()
     if reason:
-        return [Row("container starts/s", f"not measured: {reason}")], {}
-    return starts(tmp, quick, fleet_class=docker_backend.Fleet, impls=("reference",), sizes=(1, 16))
+        return [Row("container worker starts", f"not measured: {reason}")], {}
+    single, parallel = {}, {}
+    for name, fleet_class in (("process", kernel.Fleet), ("container", docker_backend.Fleet)):
+        with fleet_class(make_jail(tmp / f"jail-{name}"), {}) as fleet:
+            assert start_worker(fleet, "prewarm", "reference").ready
+            times = []
+            for i in range(3 if quick else 10):
+                t = time.monotonic()
+                w = start_worker(fleet, f"s{i}", "reference")
+                times.append(time.monotonic() - t)
+                assert w.ready, w.attempts[-1].stderr
+                w.node.kill()
+            single[name] = median(times)
+            ready, wall = start_many(fleet, "reference", 16, "p")
+            parallel[name] = ready / wall
+    return [Row("one warm worker start, container (node included)", ms(single["container"]),
+                f"process {ms(single['process'])}", ratio(single["container"], single["process"])),
+            Row("starts/s, 16 containers at once, warm", f"{parallel['container']:.1f}/s",
+                f"processes {parallel['process']:.1f}/s", ratio(parallel["container"], parallel["process"]))], \
+        {"single_start_s": single, "starts_per_s_16": parallel}
 
 
 def model(tmp: Path, quick: bool) -> tuple[list[Row], dict]:

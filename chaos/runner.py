@@ -1,4 +1,4 @@
-"""Run one chaos scenario against one implementation on the kernel backend, then judge it.
+"""Run one chaos scenario against one implementation on a backend (kernel or docker), then judge it.
 
 How this works
 --------------
@@ -116,7 +116,8 @@ def host_residue(*needles: str) -> tuple[list[str], list[str]]:
     return mounts, procs
 
 
-def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: float = 120.0) -> ChaosRun:
+def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: float = 120.0,
+        fleet_class: type[kernel.Fleet] = kernel.Fleet) -> ChaosRun:
     run_dir.mkdir(parents=True, exist_ok=True)
     jail = jail_image.make_jail(run_dir / "jail")
     hist = str(run_dir / "history.jsonl")
@@ -124,7 +125,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
     policy = RestartPolicy(max_restarts=scenario.max_restarts, backoff=0.02)
     workers: dict[str, Worker] = {}
     nodes: dict[str, kernel.Node] = {}
-    with kernel.Fleet.recording(jail, run_dir, seed) as fleet:
+    with fleet_class.recording(jail, run_dir, seed) as fleet:
         if scenario.reused_jail:
             dress_as_reused(jail)
         if scenario.warm:
@@ -178,7 +179,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
 
         def probe_ready() -> None:
             for w, worker in list(workers.items()):
-                if worker.ready and w in probes and worker.node.proc.poll() is None:
+                if worker.ready and w in probes and worker.node.alive:
                     try:
                         worker.node.probe(probes[w])
                     except RuntimeError:
@@ -195,6 +196,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         log("chaos.end")
         after = jail_image.snapshot(jail)
     mounts, procs = host_residue(str(jail), str(run_dir / "barriers"))
+    procs += [f"container {name}" for name in fleet.leftovers()]
     outside_changes = sorted(str(p) for p in outside.rglob("*"))
     final_state = {"jail": str(jail), "transient_only": scenario.transient_only, "max_restarts": scenario.max_restarts,
                    "jail_before": before, "jail_after": after, "outside_changes": outside_changes, "host_mounts": mounts,

@@ -14,9 +14,8 @@ from __future__ import annotations
 import pytest
 
 from chaos import runner, scenario
-from conformance.plugin import option
+from conformance.plugin import fleet_class, option
 from conformance.report import artefacts_dir
-from gpujail import kernel
 
 RANDOM_SEEDS = 3
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-4", "INV-5", "INV-6")]
@@ -38,14 +37,11 @@ def cases():
 
 @pytest.mark.parametrize("name,mode,seed_offset", list(cases()))
 def test_scenario(name, mode, seed_offset, impl, request, tmp_path):
-    reason = kernel.precondition()
-    if reason:
-        pytest.skip(reason)
-    if option(request.config, "backend") != "kernel":
-        pytest.skip(f"backend {option(request.config, 'backend')!r} is not available in this build")
+    fleet = fleet_class(option(request.config, "backend"))
     seed = int(option(request.config, "seed")) + seed_offset
     sc = scenario.load(name)
-    result = runner.run(sc.randomised() if mode == "random" else sc, impl, tmp_path / "run", seed=seed)
+    result = runner.run(sc.randomised() if mode == "random" else sc, impl, tmp_path / "run", seed=seed,
+                        fleet_class=fleet)
     failed, undecided = judge(result, request)
     if failed or undecided:
         keep_artefacts(result, request)
@@ -80,15 +76,14 @@ def test_cli_error_at_every_failpoint(failpoint, impl, request, tmp_path):
     (w0 is also made to fail at cli.before_mount, so that cli.before_cleanup/before_remove have a
     cleanup to interrupt.) Whether a step is reached at all depends on the implementation: with
     markers in place the CLI creates nothing, so mkdir/create faults never fire there."""
-    if kernel.precondition():
-        pytest.skip(kernel.precondition())
+    fleet = fleet_class(option(request.config, "backend"))
     term = "3*off->1*pause(late)->return(EIO)" if failpoint in PER_FILE else "return(EIO)"
     faults = [scenario.Fault("w4", failpoint, term)]
     if failpoint in ("cli.before_cleanup", "cli.before_remove"):
         faults.append(scenario.Fault("w4", "cli.before_mount", "8*off->return(EIO)"))
     sc = scenario.Scenario(name=f"cli-error-at-{failpoint}", gpu_workers=5, max_restarts=2,
                            barriers=["late"] if failpoint in PER_FILE else [], faults=faults)
-    result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")))
+    result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")), fleet_class=fleet)
     failed, undecided = judge(result, request)
     if failed or undecided:
         keep_artefacts(result, request)

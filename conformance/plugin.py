@@ -257,22 +257,31 @@ def impl(request) -> str:
     return option(request.config, "impl")
 
 
-def open_fleet(jail: Path, run_dir: Path, seed: str = "0"):
-    """A kernel-backend fleet on `jail` that records into `run_dir` (history, barriers); skips the
-    test with the reason when this host cannot run the kernel backend."""
-    from gpujail import kernel
-    reason = kernel.precondition()
+def fleet_class(backend: str):
+    """The `Fleet` of `backend`; skips the test with the reason when this build or this host cannot
+    run that backend (gpujail/backends.py asks the backend's own module)."""
+    import importlib
+
+    from gpujail import backends
+    reason = backends.unavailable(backend)
     if reason:
         pytest.skip(reason)
-    return kernel.Fleet.recording(jail, run_dir, seed)
+    module = importlib.import_module(backends.MODULES[backend])
+    if not hasattr(module, "Fleet"):
+        pytest.skip(f"backend {backend!r} has no worker fleet: it runs its own tests (conformance/test_model_backend.py)")
+    return module.Fleet
+
+
+def open_fleet(jail: Path, run_dir: Path, seed: str = "0", backend: str = "kernel"):
+    """A fleet of `backend` on `jail` that records into `run_dir` (history, barriers); skips the
+    test with the reason when this host cannot run that backend."""
+    return fleet_class(backend).recording(jail, run_dir, seed)
 
 
 @pytest.fixture
 def world(request, tmp_path, impl):
     from fixtures.jail import make_jail
-    backend = option(request.config, "backend")
-    if backend != "kernel":
-        pytest.skip(f"backend {backend!r} is not available in this build (only 'kernel' is)")
+    backend_fleet = fleet_class(option(request.config, "backend"))   # skips before building a jail
     jail = make_jail(tmp_path / "jail")
-    with open_fleet(jail, tmp_path / "run", option(request.config, "seed")) as fleet:
+    with backend_fleet.recording(jail, tmp_path / "run", option(request.config, "seed")) as fleet:
         yield World(fleet, jail, impl, tmp_path / "run")

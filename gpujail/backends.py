@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-MODULES = {"kernel": "gpujail.kernel", "model": "gpujail.model", "docker": "gpujail.docker"}
+MODULES = {"kernel": "gpujail.kernel", "model": "gpujail.model", "docker": "gpujail.docker_backend"}
 NAMES = tuple(MODULES)
 
 

@@ -139,6 +139,10 @@ class Node:
     def mounts(self, under: str | None = None) -> list[dict]:
         return self.call("mounts", under=under or str(self.jail))["mounts"]
 
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def kill(self) -> None:
         """SIGKILL the node's PID 1 (the kernel then kills every process in its PID namespace, and
         the mount namespace goes with the last of them) and wait until it is gone."""
@@ -200,6 +204,11 @@ class Fleet:
         node = Node(node_id, self.jail, role, version, {**self.env, "GPUJAIL_NODE": node_id}, options)
         self.nodes.append(node)
         return node.start()
+
+    def leftovers(self) -> list[str]:
+        """What of this fleet outlived it besides host processes and mounts (none here; the docker
+        backend's containers)."""
+        return []
 
     def __enter__(self) -> Fleet:
         return self

@@ -19,6 +19,12 @@ stdin/stdout. It:
    through the jail with the real loader, `mounts`, `exit`.
 
 The host's own `/usr`, `/dev`, `/run` are never written: every change is a mount in this namespace.
+
+In the docker backend (gpujail/docker_backend.py) the same agent is PID 1 of a container, its
+entrypoint: step 1 is the container itself, the driver files are bind-mounted by the engine (no
+overlay), the harness talks to it over a unix socket named by `listen` in the config instead of
+pipes, and the container's command (the implementation under test, after the config argument) is
+run first, with the container's environment and working directory, as if it were a `run` request.
 """
 from __future__ import annotations
 
@@ -227,17 +233,45 @@ def serve(inp, out) -> None:
         out.flush()
 
 
+def accept_harness(path: str, timeout: float = 120.0):
+    """Docker backend: this process is PID 1 of a container, which already is a private mount and
+    PID namespace that the engine removes when PID 1 exits. The harness connects to a unix socket
+    in a directory bind-mounted from the host; when the harness goes away the connection closes,
+    `serve` returns, and the container ends with everything in it (SPEC INV-6)."""
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(1)
+    srv.settimeout(timeout)
+    try:
+        conn, _ = srv.accept()
+    except socket.timeout:
+        sys.exit("node: nobody connected to the harness socket")
+    finally:
+        srv.close()
+        os.unlink(path)
+    conn.settimeout(None)
+    return conn.makefile("r"), conn.makefile("w")
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    command, command_env = sys.argv[2:], dict(os.environ)   # docker: the container's command and environment
     os.environ.update(cfg.get("env", {}))
-    inp, out = sys.stdin, sys.stdout
-    _die_with_parent()
+    container = bool(cfg.get("listen"))
+    if container:
+        inp, out = accept_harness(cfg["listen"])
+    else:
+        inp, out = sys.stdin, sys.stdout
+        _die_with_parent()
     # A worker's usual umask whatever the harness's: the CLI creates placeholders with
     # `mode & ~umask` and skips them by exact mode (CLI-4), so warm starts must not depend on it.
     os.umask(0o022)
     cfg["privileged"] = os.getuid() == 0
     try:
-        enter_namespaces()
+        if container:
+            sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
+        else:
+            enter_namespaces()
         build_view(cfg)
     except OSError as e:
         out.write(json.dumps({"error": f"node setup failed: {e}"}) + "\n")
@@ -245,9 +279,14 @@ def main() -> None:
         sys.exit(3)
     history.record("node.up", pid=os.getpid())
     # /proc is still the host's procfs, so /proc/self names our pid as the host sees it: the
-    # harness kills PID 1 by it, which takes down every process of the node at once.
+    # harness kills PID 1 by it, which takes down every process of the node at once. (In a
+    # container it is the container's own pid; the engine kills containers.)
     out.write(json.dumps({"ready": True, "uid": os.getuid(), "host_pid": int(os.readlink("/proc/self"))}) + "\n")
     out.flush()
+    if command:   # the container's command (the implementation), in the jail, as its first request
+        out.write(json.dumps(op_run({"argv": command, "env": command_env, "cwd": os.getcwd(),
+                                     "timeout": cfg.get("timeout") or None})) + "\n")
+        out.flush()
     serve(inp, out)
 
 

@@ -1,10 +1,10 @@
 # shellcheck shell=bash
 # Sourced by ./run-tests and ./run-suites: a virtual environment in .venv with the project installed.
-# Re-installs only when pyproject.toml changed. Needs only python3 (and its venv module) on the host.
+# Re-installs only when pyproject.toml (or this file) changed. Needs only python3 (and its venv module) on the host.
 set -eu
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$top/.venv"
-stamp="$venv/.installed-$(sha256sum "$top/pyproject.toml" | cut -c1-12)"
+stamp="$venv/.installed-$(cat "$top/pyproject.toml" "$top/scripts/venv.sh" | sha256sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
     python3 -m venv "$venv" 2>/dev/null || {
         # Debian's python3 may lack ensurepip: install python3-venv once.
@@ -16,7 +16,7 @@ if [ ! -f "$stamp" ]; then
     # pip's and setuptools' chatter goes to a log: the caller's output stays the short summary.
     echo "setting up $venv (first run, or pyproject.toml changed): about a minute" >&2
     log="$venv/install.log"
-    if ! { "$venv/bin/python" -m pip install -q --upgrade pip && "$venv/bin/python" -m pip install -q -e "${top}[dev]"; } \
+    if ! { "$venv/bin/python" -m pip install -q --upgrade pip && "$venv/bin/python" -m pip install -q -e "${top}[dev,docker]"; } \
         >"$log" 2>&1; then
         tail -n 20 "$log" >&2
         echo "setting up $venv failed (full log: $log)" >&2
