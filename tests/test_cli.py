@@ -108,7 +108,6 @@ BROKEN = {"syntax.toml": 'name = "x"\ngpu_workers = \n',
     (["run", "--impl", "mutant:nonsense"], "bad-input", ["unknown mutant"]),
     (["run", "--impl", "sh 'unclosed"], "bad-input", ["cannot parse"]),
     (["run", "--backend", "vm"], "bad-input", ["--backend 'vm'", "kernel, model, docker"]),
-    (["run", "--backend", "docker"], "backend", ["--backend docker", "not available"]),
     (["run", "--expectations", "/no/such.toml"], "bad-input", ["/no/such.toml: no such file"]),
     (["run", "--seed", "x"], "bad-input", ["--seed", "invalid int value"]),
     (["reproduce", "no-such-scenario"], "bad-input", ["no-such-scenario.toml: no such scenario"]),
@@ -133,6 +132,12 @@ def test_bad_expectations_file(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text('[requirements]\n"REF-99" = "no such requirement"\n')
     one_line_error(gpujail(tmp_path, "run", "--expectations", str(path)), cli.EXIT["bad-input"], "REF-99")
+
+
+def test_unavailable_backend_is_exit_3(tmp_path, monkeypatch):
+    """No engine answers at DOCKER_HOST: one line naming the backend and why, exit 3."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    one_line_error(gpujail(tmp_path, "run", "--backend", "docker"), cli.EXIT["backend"], "--backend docker", "docker")
 
 
 def test_backend_availability_asks_the_backend():
