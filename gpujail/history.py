@@ -11,6 +11,7 @@ no-op: the fake CLI and `reference` run unchanged outside the harness.
 """
 from __future__ import annotations
 
+import _thread  # the lock without `threading`'s import cost (every worker start imports this module)
 import json
 import os
 import time
@@ -18,6 +19,7 @@ import time
 ENV = "GPUJAIL_HISTORY"
 _fd: int | None = None
 _path: str | None = None
+_lock = _thread.allocate_lock()
 
 
 def record(kind: str, /, **fields) -> None:
@@ -30,14 +32,18 @@ def append(path: str | None, kind: str, /, **fields) -> None:
     global _fd, _path
     if not path:
         return
-    if _fd is None or _path != path:
-        if _fd is not None:
-            os.close(_fd)
-        _fd, _path = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644), path
     event = {"t": time.monotonic(), "node": fields.pop("node", None) or os.environ.get("GPUJAIL_NODE", "host"),
              "pid": os.getpid(), "kind": kind}
     event.update(fields)
-    os.write(_fd, (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode())
+    record = (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
+    # The harness appends from many threads; when a new run's path replaces the last one, they must
+    # not close the descriptor under each other (EBADF, or a write into a reused descriptor).
+    with _lock:
+        if _fd is None or _path != path:
+            if _fd is not None:
+                os.close(_fd)
+            _fd, _path = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644), path
+        os.write(_fd, record)
 
 
 def select(events: list[dict], kind: str, **match) -> list[dict]:
