@@ -29,13 +29,13 @@ says what `sleep`, `kill` and `panic` mean there (virtual time; the simulated pr
 """
 from __future__ import annotations
 
+import _thread
 import errno
 import os
 import random
 import re
 import signal
 import sys
-import threading
 import time
 
 from . import history
@@ -152,7 +152,7 @@ class Process:
 
 
 _os_process = Process()
-_local = threading.local()
+_local = _thread._local()
 
 
 def set_process(process: Process | None) -> None:

@@ -12,15 +12,16 @@ simulated processes as threads and gives each thread a `sink` instead (`set_sink
 """
 from __future__ import annotations
 
+import _thread  # the lock without `threading`'s import cost (every worker start imports this module)
 import json
 import os
-import threading
 import time
 
 ENV = "GPUJAIL_HISTORY"
 _fd: int | None = None
 _path: str | None = None
-_local = threading.local()
+_lock = _thread.allocate_lock()
+_local = _thread._local()
 
 
 def set_sink(sink) -> None:
@@ -42,14 +43,18 @@ def append(path: str | None, kind: str, /, **fields) -> None:
     global _fd, _path
     if not path:
         return
-    if _fd is None or _path != path:
-        if _fd is not None:
-            os.close(_fd)
-        _fd, _path = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644), path
     event = {"t": time.monotonic(), "node": fields.pop("node", None) or os.environ.get("GPUJAIL_NODE", "host"),
              "pid": os.getpid(), "kind": kind}
     event.update(fields)
-    os.write(_fd, (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode())
+    record = (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
+    # The harness appends from many threads; when a new run's path replaces the last one, they must
+    # not close the descriptor under each other (EBADF, or a write into a reused descriptor).
+    with _lock:
+        if _fd is None or _path != path:
+            if _fd is not None:
+                os.close(_fd)
+            _fd, _path = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644), path
+        os.write(_fd, record)
 
 
 def select(events: list[dict], kind: str, **match) -> list[dict]:
