@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 ENV = "GPUJAIL_HISTORY"
 _fd: int | None = None
 _path: str | None = None
+_lock = threading.Lock()
 
 
 def record(kind: str, /, **fields) -> None:
@@ -30,14 +32,16 @@ def append(path: str | None, kind: str, /, **fields) -> None:
     global _fd, _path
     if not path:
         return
-    if _fd is None or _path != path:
-        if _fd is not None:
-            os.close(_fd)
-        _fd, _path = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644), path
     event = {"t": time.monotonic(), "node": fields.pop("node", None) or os.environ.get("GPUJAIL_NODE", "host"),
              "pid": os.getpid(), "kind": kind}
     event.update(fields)
-    os.write(_fd, (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode())
+    line = (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
+    with _lock:   # the harness's threads share the cached descriptor; one may switch it to a new run's file
+        if _fd is None or _path != path:
+            if _fd is not None:
+                os.close(_fd)
+            _fd, _path = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644), path
+        os.write(_fd, line)
 
 
 def select(events: list[dict], kind: str, **match) -> list[dict]:
