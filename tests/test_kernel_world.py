@@ -133,11 +133,18 @@ def host_view() -> dict:
     view = {}
     for d in ("/usr/bin", LIB64, LIB32, "/usr/lib/firmware", "/dev", "/run"):
         try:
-            view[d] = sorted(os.listdir(d))
+            view[d] = sorted(n for n in os.listdir(d) if not n.startswith(ENGINE_STATE))
         except FileNotFoundError:
             view[d] = None
-    view["mounts"] = sorted((m.mountpoint, m.options) for m in RealSys().mounts())
+    view["mounts"] = sorted((m.mountpoint, m.options) for m in RealSys().mounts()
+                            if not m.mountpoint.startswith(ENGINE_MOUNTS))
     return view
+
+
+# A Docker Engine on the same host (the docker backend's tests, other jobs) mounts and unmounts
+# container file systems and network namespaces at any time: not the node's doing.
+ENGINE_STATE = ("docker", "containerd")
+ENGINE_MOUNTS = ("/var/lib/docker/", "/run/docker/", "/run/containerd/", "/var/lib/containerd/")
 
 
 def precreate_markers(targets: list[Target]) -> None:
