@@ -37,17 +37,17 @@ def one_line_error(worker) -> str:
     return lines[0]
 
 
-def stub_cli(tmp_path: Path, list_output: str | None = None, configure: str | None = None) -> dict:
+def stub_cli(tmp_path: Path, list_output: str | None = None, configure: str | None = None, list_exit: int = 0) -> dict:
     """An environment whose `nvidia-container-cli` is a wrapper around the fake: `list` prints
-    `list_output` if given; `configure` runs the shell snippet `configure` if given (with "$@"),
-    else the real configure. Returns the env overrides to pass to `world.start(env=...)`."""
+    `list_output` if given and exits `list_exit`; `configure` runs the shell snippet `configure` if
+    given (with "$@"), else the real configure. Returns the env overrides for `world.start(env=...)`."""
     real = Path(__file__).resolve().parent.parent / "fixtures" / "bin" / "nvidia-container-cli"
     d = tmp_path / "stub-cli"
     d.mkdir(exist_ok=True)
     lines = ["#!/bin/sh"]
     if list_output is not None:
         (d / "list.txt").write_text(list_output)
-        lines.append(f'for a; do [ "$a" = list ] && exec cat "{d}/list.txt"; done')
+        lines.append(f'for a; do [ "$a" = list ] && {{ cat "{d}/list.txt"; exit {list_exit}; }}; done')
     if configure is not None:
         lines.append(f'for a; do [ "$a" = configure ] && {{ {configure}\n}}; done')
     lines.append(f'exec "{real}" "$@"')

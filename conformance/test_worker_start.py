@@ -147,6 +147,18 @@ def test_failing_list_is_fatal(world):
 
 
 @pytest.mark.req("REF-1")
+def test_list_failing_after_its_output_is_fatal(world, tmp_path):
+    """A `list` that printed its files and then failed (exit 1, as a CLI that dies in its last
+    section) is fatal too, whatever it printed: the file set may be incomplete. Nothing is written."""
+    listing = world.node("probe").cli("list").stdout
+    before = jail_image.snapshot(world.jail)
+    w = world.start("w", env=stub_cli(tmp_path, list_output=listing, list_exit=1))
+    assert not w.ready
+    assert "list" in one_line_error(w)
+    assert jail_image.snapshot(world.jail) == before
+
+
+@pytest.mark.req("REF-1")
 @pytest.mark.parametrize("listing", ["", "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15\n",
                                      "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.999.1.1\n"],
                          ids=["empty", "relative", "missing-host-file"])

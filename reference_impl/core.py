@@ -45,6 +45,7 @@ CAPABILITIES = ("compute", "compat32", "display", "graphics", "utility", "video"
 EXIT = {"ready": 0, "bad-input": 2, "lock-timeout": 3, "cli-failed": 4, "verify-failed": 5,
         "soname-failed": 6, "unsafe-jail": 7, "jail-write-failed": 8, "io-error": 9}
 assert len(MARKER) < PLACEHOLDER_MAX
+assert len(set(EXIT.values())) == len(EXIT), "one exit code per kind of failure (CONTRACT.md)"
 
 
 class Fatal(Exception):
