@@ -24,7 +24,7 @@ import errno
 import fnmatch
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpujail import failpoints, history
 from gpujail.sysops import MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, LockTimeout
@@ -65,7 +65,6 @@ class Ctx:
     cli: str = "nvidia-container-cli"
     lock_timeout: float = 120.0
     name: str = "reference"
-    created: list[str] = field(default_factory=list)   # markers this run created (jail-relative)
 
     @classmethod
     def from_env(cls, sysops, name: str) -> Ctx:
@@ -220,9 +219,8 @@ def make_parents(ctx: Ctx, rel: str) -> None:
             raise Fatal("unsafe-jail", f"{ctx.jail}/{d} is not a directory (mode {st.st_mode:o})")
 
 
-def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> int:
+def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> None:
     """REF-5 under the lock: re-check, then a non-empty marker with the host file's exact mode."""
-    created = 0
     for host_path, rel in todo:
         if _stat_beneath(ctx, rel) is not None:
             continue   # an earlier lock holder created it
@@ -236,10 +234,7 @@ def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> int:
             ctx.sys.write_new_beneath(ctx.jail, rel, MARKER, stat.S_IMODE(mode))
         except OSError as e:
             raise Fatal("jail-write-failed", f"cannot create marker {ctx.jail}/{rel}: {e.strerror}") from None
-        ctx.created.append(rel)
         history.record("impl.marker", path=rel, mode=oct(stat.S_IMODE(mode)))
-        created += 1
-    return created
 
 
 def ensure_placeholders(ctx: Ctx, pairs: list[tuple[str, str]]) -> None:
