@@ -20,11 +20,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpujail.sysops import MS_NODEV, MS_NOSUID, MS_RDONLY
+
 PATHS = ("f1", "f1", "f2", "d1", "d1/f3", "l1")   # f1 twice: most stories are about one file
 SOURCES = ("a", "b", "hd")            # two host files and a host directory (holding x)
 KINDS = ("create", "mkdir", "unlink", "rmdir", "symlink", "write_new", "bind", "umount", "remount", "chmod",
          "stat", "lstat", "readlink", "listdir", "read", "mounts",
+         "stat_beneath", "mkdir_beneath", "unlink_beneath", "touch_beneath", "lock_beneath", "bind_beneath",
          "create", "bind", "bind", "unlink", "unlink", "read", "mounts")   # the seed bug's verbs, more often
+LINK_TARGETS = {"a": "f1", "b": "/f1", "hd": "../../d1"}   # relative, absolute, climbing above the root
 HOST_FILES = {"a": b"\x7fELF" + b"a" * 2044, "b": b"\x7fELF" + b"b" * 4092, "hd/x": b"x" * 100}
 
 # Every sequence starts from a populated directory, so most operations meet something that exists.
@@ -47,7 +51,20 @@ def apply(sys_, root: str, host: str, op, read) -> list:
         elif kind == "rmdir":
             sys_.rmdir(path)
         elif kind == "symlink":
-            sys_.symlink("f1", path)
+            sys_.symlink(LINK_TARGETS[src], path)
+        elif kind == "stat_beneath":
+            s = sys_.stat_beneath(root, rel)
+            return ["ok", stat.S_IFMT(s.st_mode), None if stat.S_ISDIR(s.st_mode) else s.st_size]
+        elif kind == "mkdir_beneath":
+            sys_.mkdir_beneath(root, rel, 0o755)
+        elif kind == "unlink_beneath":
+            sys_.unlink_beneath(root, rel)
+        elif kind == "touch_beneath":
+            sys_.touch_beneath(root, rel)
+        elif kind == "lock_beneath":
+            sys_.close(sys_.open_lock_beneath(root, rel))
+        elif kind == "bind_beneath":
+            sys_.bind_mount_beneath(f"{host}/{src}", root, rel, MS_RDONLY | MS_NODEV | MS_NOSUID)
         elif kind == "write_new":
             sys_.write_new_beneath(root, rel, b"nvidia-placeholder-marker\n", 0o644)
         elif kind == "bind":
