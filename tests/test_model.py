@@ -144,3 +144,33 @@ def test_jail_hygiene_is_judged_by_the_checkers_rules():
     assert [v.invariant for v in world.violations] == ["INV-3"] * len(world.violations) and world.violations
     assert "appeared" in world.violations[0].message
     assert not explore.simulate("reference", EMPTY).violations
+
+
+def test_direct_undo_survives_its_own_mount_detached_by_a_populate_cleanup():
+    """`direct` mounting while another node's populate-jail cleanup (REF-9) removes the markers:
+    its first mount is detached under it (K-1) and the next bind finds no target. The undo must not
+    trip over the mount that is already gone: one `cli-failed`, no mount left behind."""
+    from fixtures.drivers import DEFAULT_VERSION
+    from gpujail.model import SMALL_DRIVER, ModelSys, build
+    from reference_impl import core
+    fs = build(DEFAULT_VERSION, SMALL_DRIVER)
+    worker, cleanup = World.sandbox(fs, 2)
+    pairs = [(p, core.target(p)) for p in fs.driver if not p.startswith("/dev/")]
+    for _, rel in pairs:
+        worker.write_new_beneath(JAIL, rel, core.MARKER, 0o644)
+
+    class CleanedUnderIt(ModelSys):
+        binds = 0
+
+        def bind_mount_beneath(self, source, root, rel, flags):
+            CleanedUnderIt.binds += 1
+            if CleanedUnderIt.binds == 2:   # between its first and second mount
+                for _, placeholder in pairs:
+                    cleanup.unlink_beneath(JAIL, placeholder)
+            return super().bind_mount_beneath(source, root, rel, flags)
+
+    ctx = core.Ctx(CleanedUnderIt(worker.world, worker.proc), JAIL, "n1")
+    with pytest.raises(core.Fatal) as e:
+        core.mount_directly(ctx, pairs)
+    assert e.value.kind == "cli-failed" and fs.detached
+    assert [m for m in worker.mounts() if m.mountpoint.startswith(JAIL + "/usr")] == []
