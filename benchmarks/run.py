@@ -38,6 +38,7 @@ from chaos import runner, scenario
 from fixtures.jail import make_jail
 from gpujail import history, kernel
 from gpujail.contract import start_worker
+from reference_impl.core import LOCK
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -170,7 +171,7 @@ def cold_contention(tmp: Path, workers: int = 16) -> tuple[list[Row], dict]:
     with kernel.Fleet.recording(jail, tmp / "run") as fleet:
         ready, wall = start_many(fleet, "reference", workers, "c")
         events = fleet.history()
-    waits = [e["waited"] for e in history.select(events, "impl.lock.acquired") if e.get("lock", "").endswith("placeholders.lock")]
+    waits = [e["waited"] for e in history.select(events, "impl.lock.acquired", lock=LOCK)]
     markers = history.select(events, "impl.marker")
     missing = max((e["missing"] for e in history.select(events, "impl.placeholders")), default=0)
     raw = {"ready": ready, "wall_s": round(wall, 2), "lock_waits_s": sorted(waits), "markers": len(markers),

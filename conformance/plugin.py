@@ -41,7 +41,6 @@ OPTIONS = [  # (name, env, default, help)
     ("expectations", "GPUJAIL_EXPECTATIONS", "", "TOML file of expected failures (strict xfail)"),
     ("gpujail-report", "GPUJAIL_REPORT", "", "write a JSON summary per requirement to this file"),
 ]
-BACKENDS = ("kernel", "model", "docker")
 
 
 def pytest_addoption(parser):
@@ -70,8 +69,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "scale: a big run (128 workers); deselected unless `-m scale`")
     config.addinivalue_line("markers", "model: runs in the model backend's simulation; collected with --backend model")
     backend = option(config, "backend")
-    if backend not in BACKENDS:
-        raise pytest.UsageError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    from gpujail.backends import NAMES
+    if backend not in NAMES:
+        raise pytest.UsageError(f"--backend {backend!r}: expected one of {', '.join(NAMES)}")
     for name in ("workers", "seed"):
         value = option(config, name)
         if not value.isdigit():

@@ -13,6 +13,7 @@ import os
 import pytest
 from hypothesis import given, seed
 
+from conformance.plugin import option
 from gpujail import explore
 from gpujail.failpoints import REGISTRY
 from gpujail.model import World
@@ -30,20 +31,16 @@ def model_impl(impl):
     return impl
 
 
-def verdict(impl: str, plan: dict, world: World) -> str:
-    return explore.describe(impl, plan, world)
-
-
 @pytest.mark.req("INV-1", "INV-3", "INV-5", "REF-5", "REF-6", "REF-7")
 def test_no_invariant_breaks_under_explored_schedules_and_faults(model_impl, request):
     """Two workers on the 3-file driver: any interleaving, a failpoint fault per worker (EIO or
     SIGKILL at its N-th hit), a crash of an implementation at any step."""
-    @seed(int(request.config.getoption("seed") or os.environ.get("GPUJAIL_TEST_SEED", "0") or 0))
+    @seed(int(option(request.config, "seed")))
     @explore.explore_settings(EXAMPLES)
     @given(plan=explore.plans(2))
     def run(plan):
         world = explore.simulate(model_impl, plan)
-        assert not world.violations, verdict(model_impl, plan, world)
+        assert not world.violations, explore.describe(model_impl, plan, world)
     run()
 
 
@@ -55,7 +52,7 @@ def test_failing_cli_costs_a_ready_neighbour_nothing(model_impl, point, hit):
     story, every place it can break, one after the other."""
     plan = {"schedule": [], "faults": {1: explore.fault(point, hit, "return(EIO)")}, "crashes": {}}
     world = explore.simulate(model_impl, plan)
-    assert not world.violations, verdict(model_impl, plan, world)
+    assert not world.violations, explore.describe(model_impl, plan, world)
 
 
 @pytest.mark.req("REF-5")
@@ -66,7 +63,7 @@ def test_cold_start_creates_each_marker_exactly_once(model_impl, plan):
     worker (re-checked under it)."""
     world = explore.simulate(model_impl, plan, workers=4)
     markers = [s.detail for s in world.trace if s.op == "impl.marker"]
-    assert markers and len(markers) == len(set(markers)), verdict(model_impl, plan, world)
+    assert markers and len(markers) == len(set(markers)), explore.describe(model_impl, plan, world)
     missing = max(int(s.detail.split("missing=")[1].split()[0]) for s in world.trace if s.op == "impl.placeholders")
     assert len(markers) == missing
 

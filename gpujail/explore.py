@@ -107,10 +107,10 @@ def find_violation(impl: str, workers: int = 2, driver=SMALL_DRIVER, seed: int |
     return plan, exploration
 
 
-def explore_settings(max_examples: int, seed: int | None = None) -> settings:
+def explore_settings(max_examples: int) -> settings:
     """Settings for a @given property over plans (the conformance tests on the model backend)."""
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
-    return settings(**SETTINGS, max_examples=max_examples, phases=phases, derandomize=seed is not None)
+    return settings(**SETTINGS, max_examples=max_examples, phases=phases)
 
 
 def describe(impl: str, plan: dict, world: World, full: bool = False) -> str:

@@ -37,8 +37,10 @@ import threading
 from dataclasses import dataclass, field
 
 from fixtures import drivers, elf
+from reference_impl import core, direct, legacy, mutants, reference
+from reference_impl.__main__ import execute
 
-from . import failpoints, history
+from . import failpoints, history, nvc_info
 from .sysops import MS_RDONLY, LockTimeout, Mount
 
 JAIL = "/jail"
@@ -299,8 +301,6 @@ class Worker:
     exits: list[int] = field(default_factory=list)
     expected: list[tuple[str, Inode]] = field(default_factory=list)
     sem: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
-    stdout: io.StringIO | None = None
-    stderr: io.StringIO | None = None
 
 
 class Scheduler:
@@ -383,20 +383,18 @@ class World:
         self.fds: dict[int, tuple[Inode, Proc]] = {}
         self.locks: dict[int, int] = {}          # inode number -> fd holding its flock
         self.next_fd = 3
-        caps = _caps(capabilities)
-        self.selected = [p for p in self.host_files if _selected(p, caps)]
+        caps = nvc_info.capabilities(capabilities)
+        self.selected = [p for p in self.fs.driver if nvc_info.selected(p, caps)]
 
     # -- running -----------------------------------------------------------------------------------
     def run(self) -> World:
-        from reference_impl import core, direct, legacy, reference
-        from reference_impl import mutants as _mutants
         patched = (core, direct, legacy, reference)   # what a mutant may replace; restored after
         saved = [dict(m.__dict__) for m in patched]
         streams = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Routed("stdout", streams[0]), _Routed("stderr", streams[1])
         try:
             if self.impl.startswith("mutant:"):
-                _mutants.apply(self.impl.split(":", 1)[1])
+                mutants.apply(self.impl.split(":", 1)[1])
             threads = [threading.Thread(target=self._worker_main, args=(w,), daemon=True) for w in self.workers]
             for t in threads:
                 t.start()
@@ -431,14 +429,9 @@ class World:
             out.append(ModelSys(world, Proc(w, "")))
         return out
 
-    @property
-    def host_files(self) -> list[str]:
-        return self.fs.driver
-
     def _worker_main(self, w: Worker) -> None:
         w.sem.acquire()
-        World.local.stdout = w.stdout = io.StringIO()
-        World.local.stderr = w.stderr = io.StringIO()
+        World.local.stdout, World.local.stderr = io.StringIO(), io.StringIO()
         history.set_sink(lambda kind, fields: self._event(w, kind, fields))
         try:
             for attempt in range(self.restarts + 1):
@@ -462,8 +455,6 @@ class World:
             self._pass_baton(w)
 
     def _attempt(self, w: Worker, attempt: int) -> int:
-        from reference_impl import core
-        from reference_impl.__main__ import execute
         w.ns = node_namespace(self.fs, w.name if attempt == 0 else f"{w.name}.{attempt}")
         w.proc = Proc(w, w.spec if attempt == 0 else "")
         failpoints.set_process(w.proc)
@@ -482,11 +473,19 @@ class World:
     def _ready(self, w: Worker) -> None:
         """INV-5: a worker reporting ready must see every one of its files, attached, real."""
         w.state = "ready"
-        w.expected = [(_target(p), self.fs.lookup(w.ns, p)) for p in self.selected]   # the node's own files
+        w.expected = [(core.target(p), self.fs.lookup(w.ns, p)) for p in self.selected]   # the node's own files
+        lost = self.first_lost(w)
+        if lost:
+            self.violate("INV-5", f"{w.name} reported ready but {lost[0]} {loader_view(lost[1])}")
+
+    def first_lost(self, w: Worker) -> tuple[str, Inode | None] | None:
+        """The first of a ready worker's files its jail path no longer resolves to: (path, what it
+        resolves to instead)."""
         for rel, host in w.expected:
             seen = self.fs.lookup(w.ns, f"{JAIL}/{rel}")
             if seen is not host:
-                self.violate("INV-5", f"{w.name} reported ready but {rel} {loader_view(seen)}")
+                return rel, seen
+        return None
 
     # -- the baton ---------------------------------------------------------------------------------
     def step(self, proc: Proc, op: str, args: tuple, effect: str) -> Step:
@@ -574,15 +573,12 @@ class World:
         """INV-1 after every step that removed something (see `step`)."""
         self.dirty = False
         for w in self.workers:
-            if w.state != "ready":
-                continue
-            for rel, host in w.expected:
-                seen = self.fs.lookup(w.ns, f"{JAIL}/{rel}")
-                if seen is not host:
-                    why = next((f" (detached by {by}'s unlink)" for ns, path, by in self.fs.detached
-                                if ns == w.ns.name and path == f"{JAIL}/{rel}"), "")
-                    self.violate("INV-1", f"{w.name} is ready but lost {rel}: {loader_view(seen)}{why}")
-                    return
+            lost = self.first_lost(w) if w.state == "ready" else None
+            if lost:
+                rel, seen = lost
+                why = next((f" (detached by {by}'s unlink)" for ns, path, by in self.fs.detached
+                            if ns == w.ns.name and path == f"{JAIL}/{rel}"), "")
+                self.violate("INV-1", f"{w.name} is ready but lost {rel}: {loader_view(seen)}{why}")
 
     def violate(self, invariant: str, message: str) -> None:
         self.violations.append(Violation(invariant, message, len(self.trace)))
@@ -629,21 +625,6 @@ class World:
 
 INTERESTING = {"exit", "died", "failpoint", "cli.fail", "impl.fatal", "cli.cleanup.unlink", "impl.lock.acquired",
                "impl.lock.timeout", "impl.marker", "impl.mutant.unlink"}
-
-
-def _caps(spec: str) -> set[str]:
-    from gpujail import nvc_info
-    return nvc_info.capabilities(spec)
-
-
-def _selected(path: str, caps: set[str]) -> bool:
-    from gpujail import nvc_info
-    return nvc_info.selected(path, caps)
-
-
-def _target(host_path: str) -> str:
-    from reference_impl.core import target
-    return target(host_path)
 
 
 def loader_view(node: Inode | None) -> str:
@@ -987,8 +968,7 @@ class ModelSys:
     def _ldconfig(self, root: str) -> tuple[int, str, str]:
         """ldconfig -r ROOT: in each library directory, a soname link for every ELF file that names
         one (read through this namespace: the mounted driver, not the placeholder under it)."""
-        from reference_impl.core import LIBRARY_DIRS
-        for d in LIBRARY_DIRS:
+        for d in core.LIBRARY_DIRS:
             libdir = f"{root.rstrip('/')}/{d}"
             try:
                 names = self.listdir(libdir)
