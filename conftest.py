@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 
 import pytest
+from gpujail.fixtures.jail import make_jail
 
-from conformance.plugin import open_fleet
-from fixtures.jail import make_jail
+from gpujail.plugin import open_fleet
 
 # The suite's plugin (also an installed `pytest11` entry point under the same name, so pytest
 # registers it once either way).
-pytest_plugins = ["conformance.plugin"]
+pytest_plugins = ["gpujail.plugin"]
 
 
 @pytest.fixture

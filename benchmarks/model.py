@@ -1,7 +1,7 @@
 """Model-backend figures (issue 6): simulated steps per second, time for Hypothesis to find and shrink
 the legacy bug, and how many distinct interleavings an exploration covers against the total.
 
-    python -m benchmarks.model [--quick]
+    python -m gpujail.benchmarks.model [--quick]
 """
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import statistics
 import sys
 import time
 
-from gpujail import explore
-from gpujail.model import World
+from gpujail.chaos import explore
+
+from gpujail.backends.model import World
 
 
 def steps_per_second(repeats: int) -> dict:

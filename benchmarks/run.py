@@ -1,7 +1,7 @@
 """Benchmarks: every performance figure side by side, as one table (and JSON), with the machine and the
 date. Benchmarks measure and print; they never assert a time.
 
-    python -m benchmarks.run [--quick] [--only NAME ...] [--json reports/benchmarks.json]
+    python -m gpujail.benchmarks.run [--quick] [--only NAME ...] [--json reports/benchmarks.json]
 
 How this works
 --------------
@@ -34,11 +34,13 @@ import threading
 import time
 from pathlib import Path
 
-from chaos import runner, scenario
-from fixtures.jail import make_jail
-from gpujail import history, kernel
+from gpujail.chaos import runner, scenario
+from gpujail.fixtures.jail import make_jail
+from gpujail.reference_impl.core import LOCK
+
+from gpujail.backends import kernel
 from gpujail.contract import start_worker
-from reference_impl.core import LOCK
+from gpujail.world import history
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -141,7 +143,7 @@ def paths(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         assert first.ready, first.attempts[-1].stderr
         listing = tmp / "list.txt"
         listing.write_text(first.node.cli("list").stdout)
-        r = first.node.run([sys.executable, "-m", "benchmarks.warm_path", str(listing), str(n * 10)],
+        r = first.node.run([sys.executable, "-m", "gpujail.benchmarks.warm_path", str(listing), str(n * 10)],
                            env=first.node.contract_env())
         inproc = json.loads(r.stdout)
         process = {}
@@ -187,7 +189,7 @@ def cold_contention(tmp: Path, workers: int = 16) -> tuple[list[Row], dict]:
 def docker(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     """Containers (docker backend) against processes (kernel backend), same jail recipe, same
     implementation, one run: one warm start at a time (node included), and 16 started at once."""
-    from gpujail import docker_backend
+    from gpujail.backends import docker_backend
     reason = docker_backend.precondition()
     if reason:
         return [Row("container worker starts", f"not measured: {reason}")], {}
@@ -213,7 +215,7 @@ def docker(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 
 
 def model(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
-    from benchmarks import model as m
+    from gpujail.benchmarks import model as m
     raw = m.bench(quick)
     s, f, i = raw["steps"], raw["legacy_find_shrink"], raw["interleavings_2x3"]
     return [Row("model steps/s, 8 workers, full driver, one after the other", f"{s['sequential']['median_steps_per_s']:,}/s",
@@ -299,7 +301,7 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gpujail.benchmarks.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and sizes (a smoke run)")
     ap.add_argument("--only", nargs="*", choices=sorted(FIGURES), default=None)
     ap.add_argument("--json", default="reports/benchmarks.json")

@@ -8,8 +8,9 @@ import os
 import sys
 import time
 
-from gpujail.sysops import RealSys
-from reference_impl import core
+from gpujail.reference_impl import core
+
+from gpujail.world.sysops import RealSys
 
 
 def main() -> None:

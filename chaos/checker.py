@@ -59,19 +59,10 @@ import stat
 import sys
 from dataclasses import dataclass, field
 
+from gpujail.spec import FLAG, INVARIANTS, LDCACHE, PLACEHOLDER_MAX
+from gpujail.spec import LOCK as PLACEHOLDER_LOCK
+
 UNKNOWN = "unknown"
-INVARIANTS = {
-    "INV-1": "no lost content",
-    "INV-2": "convergence",
-    "INV-3": "jail hygiene",
-    "INV-4": "no lock on warm starts",
-    "INV-5": "honest readiness",
-    "INV-6": "no host residue",
-}
-PLACEHOLDER_LOCK = "etc/complement_jail_gpu_placeholders.lock"   # reference_impl/core.py LOCK
-FLAG = "etc/gpu_libs_installed.flag"                             # REF-10
-LDCACHE = "etc/ld.so.cache"                                      # REF-8, written by ldconfig -r
-PLACEHOLDER_MAX = 64                                             # REF-5, REF-9
 LIBRARY_DIRS = ("lib/x86_64-linux-gnu", "lib/i386-linux-gnu", "lib64", "lib32", "lib")   # "usr/" removed
 FAULT_ACTIONS = ("return", "panic", "kill")       # failpoint actions that make a step fail
 SPAN_END = ("worker.exit", "worker.start", "worker.restart", "chaos.kill")
@@ -626,7 +617,7 @@ def check(history: list[dict], final_state: dict | None = None) -> Verdict:
 def main(argv: list[str] | None = None) -> int:
     """Judge a saved run: print the verdict; exit 0 valid, 1 invalid, 2 unknown."""
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m chaos.checker", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m gpujail.chaos.checker", description=main.__doc__)
     ap.add_argument("history", help="the run's history (JSON lines)")
     ap.add_argument("final_state", nargs="?", help="what the harness found at the end (JSON)")
     ap.add_argument("--timeline", metavar="OUT.html", help="also draw the run")
@@ -640,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = check(history, final)
     print(verdict.summary())
     if args.timeline:
-        from . import timeline
+        from gpujail.chaos import timeline
         print(f"timeline: {timeline.render(history, verdict, args.timeline)}")
     return {True: 0, False: 1}.get(verdict.valid, 2)
 

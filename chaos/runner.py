@@ -29,15 +29,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixtures import jail as jail_image
-from gpujail import history, kernel
-from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
-from gpujail.failpoints import Barrier
-from gpujail.probes import gpu_files
-from reference_impl import core
+from gpujail.chaos import checker, timeline
+from gpujail.chaos.scenario import Scenario
+from gpujail.fixtures import jail as jail_image
+from gpujail.reference_impl import core
 
-from . import checker, timeline
-from .scenario import Scenario
+from gpujail.backends import kernel
+from gpujail.backends.probes import gpu_files
+from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
+from gpujail.world import history
+from gpujail.world.failpoints import Barrier
 
 
 @dataclass

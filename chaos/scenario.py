@@ -38,7 +38,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpujail.failpoints import REGISTRY
+from gpujail.world.failpoints import REGISTRY
 
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",

@@ -12,10 +12,10 @@ Scenarios marked `scale = true` (128 workers) run only when asked for: `-m scale
 from __future__ import annotations
 
 import pytest
+from gpujail.chaos import runner, scenario
 
-from chaos import runner, scenario
-from conformance.plugin import fleet_class, option
-from conformance.report import artefacts_dir
+from gpujail.plugin import fleet_class, option
+from gpujail.report import artefacts_dir
 
 RANDOM_SEEDS = 3
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-4", "INV-5", "INV-6")]

@@ -30,7 +30,7 @@ import math
 import re
 from pathlib import Path
 
-from .checker import UNKNOWN, Verdict, describe, is_bad, node_of
+from gpujail.chaos.checker import UNKNOWN, Verdict, describe, is_bad, node_of
 
 LEFT, RIGHT, TOP, BOTTOM = 130, 60, 50, 24     # margins around the plot (px)
 PLOT_W, LANE_H = 1100, 20

@@ -1,6 +1,6 @@
 """Rewrite an expectations file from a run report (like `wpt update-expectations`).
 
-    python -m conformance.expectations reports/summary.json > expectations/legacy.toml
+    python -m gpujail.conformance.expectations reports/summary.json > expectations/legacy.toml
 
 Every test that failed (or was expected to fail and did) is listed under [tests] with the reason
 from the report; tests that passed are left out. Review the reasons before committing: an

@@ -6,10 +6,13 @@ import stat
 import threading
 from pathlib import Path
 
-from fixtures import jail as jail_image
-from gpujail.probes import gpu_files, problems
+from gpujail.fixtures import BIN
+from gpujail.fixtures import jail as jail_image
 
-MARKER_MAX = 64   # REF-5 / REF-9
+from gpujail.backends.probes import gpu_files, problems
+from gpujail.spec import PLACEHOLDER_MAX
+
+MARKER_MAX = PLACEHOLDER_MAX   # REF-5 / REF-9
 
 
 def start_all(world, n: int, prefix: str = "w", **kw) -> list:
@@ -41,7 +44,7 @@ def stub_cli(tmp_path: Path, list_output: str | None = None, configure: str | No
     """An environment whose `nvidia-container-cli` is a wrapper around the fake: `list` prints
     `list_output` if given and exits `list_exit`; `configure` runs the shell snippet `configure` if
     given (with "$@"), else the real configure. Returns the env overrides for `world.start(env=...)`."""
-    real = Path(__file__).resolve().parent.parent / "fixtures" / "bin" / "nvidia-container-cli"
+    real = BIN / "nvidia-container-cli"
     d = tmp_path / "stub-cli"
     d.mkdir(exist_ok=True)
     lines = ["#!/bin/sh"]

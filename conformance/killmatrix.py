@@ -1,4 +1,4 @@
-"""`python -m conformance.killmatrix`: which tests kill which mutant of `reference`.
+"""`python -m gpujail.conformance.killmatrix`: which tests kill which mutant of `reference`.
 
 How this works
 --------------
@@ -13,9 +13,9 @@ kills is a *survivor*: a hole in the suite, to be closed with a new test citing 
 Writes `OUT/kill-matrix.md` (for people) and `OUT/kill-matrix.json` (everything, per test). Exit 0
 when every mutant is killed, 1 when any survives (or a session timed out), 2 on bad usage.
 
-    python -m conformance.killmatrix                       # every mutant, conformance + chaos
-    python -m conformance.killmatrix --quick               # chaos without its random-timing runs
-    python -m conformance.killmatrix --mutants no-lock,big-markers --tests conformance
+    python -m gpujail.conformance.killmatrix                       # every mutant, conformance + chaos
+    python -m gpujail.conformance.killmatrix --quick               # chaos without its random-timing runs
+    python -m gpujail.conformance.killmatrix --mutants no-lock,big-markers --tests conformance
 """
 from __future__ import annotations
 
@@ -102,8 +102,8 @@ def markdown(data: dict, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from reference_impl.mutants import MUTANTS
-    ap = argparse.ArgumentParser(prog="python -m conformance.killmatrix", description=__doc__.split("\n")[0])
+    from gpujail.reference_impl.mutants import MUTANTS
+    ap = argparse.ArgumentParser(prog="python -m gpujail.conformance.killmatrix", description=__doc__.split("\n")[0])
     ap.add_argument("--mutants", default="", help="comma-separated mutant names (default: all)")
     ap.add_argument("--tests", default="conformance chaos", help="pytest paths or node ids, space-separated")
     ap.add_argument("--quick", action="store_true", help="leave out chaos's random-timing runs (-k 'not seed')")
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             killed = sum(1 for s in runs[name]["statuses"].values() if s == "failed")
             print(f"mutant:{name}: {killed} failing tests ({runs[name]['seconds']}s)", flush=True)
     data = matrix(baseline, runs, {n: MUTANTS[n][0] for n in names})
-    command = "python -m conformance.killmatrix " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m gpujail.conformance.killmatrix " + " ".join(argv if argv is not None else sys.argv[1:])
     data["command"] = command.strip()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,11 +16,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from gpujail.fixtures import drivers
+from gpujail.fixtures import jail as jail_image
 
-from fixtures import drivers
-from fixtures import jail as jail_image
-from gpujail.failpoints import REGISTRY, Barrier
-from gpujail.probes import gpu_files
+from gpujail.backends.probes import gpu_files
+from gpujail.world.failpoints import REGISTRY, Barrier
 
 pytestmark = pytest.mark.kernel
 VERSION = drivers.DEFAULT_VERSION

@@ -4,19 +4,19 @@ the kernel backend reaches only by luck or barriers, and checks INV-1, INV-3 and
 step. Collected only with `--backend model`; the model runs the bundled Python implementations
 (reference, legacy, direct, mutant:NAME) in-process, so a command string is skipped with that reason.
 
-A failure prints the shrunk plan and its trace; `python -m gpujail.explore replay IMPL 'PLAN'` replays it.
+A failure prints the shrunk plan and its trace; `python -m gpujail.chaos.explore replay IMPL 'PLAN'` replays it.
 """
 from __future__ import annotations
 
 import os
 
 import pytest
+from gpujail.chaos import explore
 from hypothesis import given, seed
 
-from conformance.plugin import option
-from gpujail import explore
-from gpujail.failpoints import REGISTRY
-from gpujail.model import World
+from gpujail.backends.model import World
+from gpujail.plugin import option
+from gpujail.world.failpoints import REGISTRY
 
 pytestmark = pytest.mark.model
 EXAMPLES = int(os.environ.get("GPUJAIL_MODEL_EXAMPLES", "200"))

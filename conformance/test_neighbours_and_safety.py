@@ -9,11 +9,11 @@ import stat
 import threading
 
 import pytest
+from gpujail.conformance.helpers import MARKER_MAX, lost, one_line_error
+from gpujail.fixtures import jail as jail_image
 
-from conformance.helpers import MARKER_MAX, lost, one_line_error
-from fixtures import jail as jail_image
 from gpujail.contract import BUNDLED, command_for
-from gpujail.failpoints import Barrier
+from gpujail.world.failpoints import Barrier
 
 pytestmark = pytest.mark.kernel
 LIB = "usr/lib/x86_64-linux-gnu"

@@ -14,11 +14,11 @@ import threading
 import time
 
 import pytest
+from gpujail.conformance.helpers import MARKER_MAX, lost, new_entries, one_line_error, only_whole_markers, start_all, stub_cli
+from gpujail.fixtures import drivers
+from gpujail.fixtures import jail as jail_image
 
-from conformance.helpers import MARKER_MAX, lost, new_entries, one_line_error, only_whole_markers, start_all, stub_cli
-from fixtures import drivers
-from fixtures import jail as jail_image
-from gpujail import kernel
+from gpujail.backends import kernel
 
 pytestmark = pytest.mark.kernel
 LOCK = "etc/complement_jail_gpu_placeholders.lock"
@@ -179,7 +179,7 @@ def test_driver_upgrade_picks_up_new_files(world):
     assert world.start("old").ready
     new = world.start("new", version="570.86.15")
     assert new.ready, new.attempts[-1].stderr
-    from gpujail.probes import gpu_files, problems
+    from gpujail.backends.probes import gpu_files, problems
     assert problems(new.node.probe(gpu_files(world.jail, "570.86.15"))) == []
     assert (world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.570.86.15").stat().st_size > 0
 
@@ -200,7 +200,7 @@ def test_non_debian_jail(world):
 def test_jail_path_with_spaces(tmp_path, impl, request):
     """The jail path may contain spaces; every word stays one argument, and the mount table's
     escaped form (\\040) is understood."""
-    from conformance.plugin import World, open_fleet, option
+    from gpujail.plugin import World, open_fleet, option
     jail = jail_image.make_jail(tmp_path / "my jail")
     with open_fleet(jail, tmp_path / "run", backend=option(request.config, "backend")) as fleet:
         w = World(fleet, jail, impl, tmp_path / "run").start("w")
@@ -266,7 +266,7 @@ def test_placeholder_sized_mount_is_rejected(world, tmp_path):
     """A mount that shows placeholder-sized content by path (here: a 26-byte file bound over libcuda
     after a successful configure) fails verification. (Not NVML: the soname check, REF-8, would
     catch that one too and hide an implementation that verifies by existence only.)"""
-    snippet = (f'"{kernel.FAKE_CLI_DIR / "nvidia-container-cli"}" "$@" || exit $?; '
+    snippet = (f'"{kernel.BIN / "nvidia-container-cli"}" "$@" || exit $?; '
                'printf "nvidia-placeholder-marker\\n" > /run/small; '
                f'mount --bind /run/small "$GPUJAIL_JAIL/{CUDA}"; exit 0')
     w = world.start("w", env=stub_cli(tmp_path, configure=snippet))

@@ -1,6 +1,6 @@
 """`python -m gpujail` is the `gpujail` command (gpujail/cli.py)."""
 import sys
 
-from .cli import main
+from gpujail.cli import main
 
 sys.exit(main())

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-EXIT = {"passed": 0, "failed": 1, "bad-input": 2, "backend": 3, "inconclusive": 4, "error": 5, "interrupted": 130}
+from gpujail.spec import EXIT
 
 
 class Stop(Exception):
@@ -55,7 +55,7 @@ class Stop(Exception):
 # -- input checks (the plugin's own, turned into one line and an exit code) ----------------------
 
 def check_impl(impl: str) -> None:
-    from conformance.plugin import check_impl as plugin_check
+    from gpujail.plugin import check_impl as plugin_check
     try:
         plugin_check(impl)
     except pytest.UsageError as e:
@@ -73,11 +73,11 @@ def check_backend(name: str) -> None:
 
 def expectations_for(impl: str, given: str | None) -> str:
     """The expectations file to use: the one given ('' for none), else a bundled implementation's own."""
-    from conformance.plugin import load_expectations
+    from gpujail import expectations
     from gpujail.contract import BUNDLED
-    from gpujail.kernel import REPO
+    from gpujail.plugin import load_expectations
     if given is None:
-        own = REPO / "expectations" / f"{impl}.toml"
+        own = Path(expectations.__file__).parent / f"{impl}.toml"
         given = str(own) if impl in BUNDLED and own.exists() else ""
     try:
         load_expectations(given)
@@ -87,7 +87,7 @@ def expectations_for(impl: str, given: str | None) -> str:
 
 
 def load_scenario(source: str):
-    from chaos.scenario import ScenarioError, load
+    from gpujail.chaos.scenario import ScenarioError, load
     try:
         return load(source)
     except ScenarioError as e:
@@ -199,8 +199,8 @@ def remove_tree(path: Path) -> None:
 # -- run ---------------------------------------------------------------------------------------
 
 def suites() -> list[str]:
-    import chaos
-    import conformance
+    import gpujail.chaos as chaos
+    import gpujail.conformance as conformance
     return [str(Path(conformance.__file__).parent), str(Path(chaos.__file__).parent)]
 
 
@@ -214,7 +214,7 @@ def pytest_outcome(code: int, interrupted: bool, report: dict | None) -> str:
         return "inconclusive"
     if code in (2, 3) or report is None:   # collection error, internal error
         return "error"
-    from conformance.report import totals
+    from gpujail.report import totals
     counts = totals(report)
     if code == 1 or counts.get("failed") or counts.get("unexpected-pass"):
         return "failed"
@@ -223,7 +223,7 @@ def pytest_outcome(code: int, interrupted: bool, report: dict | None) -> str:
 
 
 def cmd_run(args, pytest_args: list[str]) -> int:
-    from conformance import report as reporting
+    from gpujail import report as reporting
     check_impl(args.impl)
     check_backend(args.backend)
     expectations = expectations_for(args.impl, args.expectations)
@@ -286,8 +286,8 @@ def cmd_run(args, pytest_args: list[str]) -> int:
 # -- reproduce ---------------------------------------------------------------------------------
 
 def cmd_reproduce(args) -> int:
-    from chaos import runner, timeline
-    from gpujail import history
+    from gpujail.chaos import runner, timeline
+    from gpujail.world import history
     sc = load_scenario(args.scenario)
     check_impl(args.impl)
     check_backend("kernel")   # the chaos runner's backend
@@ -339,7 +339,7 @@ def one_line(sc) -> str:
 
 
 def cmd_scenarios(args) -> int:
-    from chaos.scenario import DIR, names
+    from gpujail.chaos.scenario import DIR, names
     sources = args.files or names()
     bad = 0
     for source in sources:
@@ -355,7 +355,7 @@ def cmd_scenarios(args) -> int:
 
 
 def cmd_failpoints(args) -> int:
-    from gpujail import failpoints
+    from gpujail.world import failpoints
     width = max(map(len, failpoints.REGISTRY))
     for name, where in failpoints.REGISTRY.items():
         print(f"{name:<{width}}  {where}")
@@ -372,7 +372,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def parser() -> Parser:
-    from conformance.plugin import OPTIONS
+    from gpujail.plugin import OPTIONS
     help_of = {name: help_ for name, _, _, help_ in OPTIONS}
     # The plugin's environment variables are the defaults here too (GPUJAIL_IMPL, ...).
     env = {name: os.environ.get(var, default) for name, var, default, _ in OPTIONS}

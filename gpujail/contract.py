@@ -18,16 +18,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import history
-from .kernel import REPO, Fleet, Node, RunResult
+from gpujail import reference_impl
+from gpujail.backends.kernel import Fleet, Node, RunResult
+from gpujail.world import history
 
 # -S: no site-packages scan at start-up (PYTHONPATH names the repository), which is a third of a
 # worker start's Python start-up cost here.
 BUNDLED = {
-    "reference": [sys.executable, "-S", "-m", "reference_impl", "reference"],
-    "legacy": [sys.executable, "-S", "-m", "reference_impl", "legacy"],
-    "direct": [sys.executable, "-S", "-m", "reference_impl", "direct"],
-    "example-shell": ["sh", str(REPO / "reference_impl" / "example.sh")],
+    "reference": [sys.executable, "-S", "-m", "gpujail.reference_impl", "reference"],
+    "legacy": [sys.executable, "-S", "-m", "gpujail.reference_impl", "legacy"],
+    "direct": [sys.executable, "-S", "-m", "gpujail.reference_impl", "direct"],
+    "example-shell": ["sh", str(Path(reference_impl.__file__).parent / "example.sh")],
 }
 
 
@@ -40,10 +41,10 @@ def command_for(impl: str, jail: str, node: str, role: str) -> list[str]:
     if impl in BUNDLED:
         return list(BUNDLED[impl])
     if impl.startswith("mutant:"):
-        from reference_impl.mutants import MUTANTS
+        from gpujail.reference_impl.mutants import MUTANTS
         if impl.split(":", 1)[1] not in MUTANTS:
             raise UnknownImplementation(f"unknown mutant {impl!r}; known: {', '.join(sorted(MUTANTS))}")
-        return [sys.executable, "-S", "-m", "reference_impl", impl]
+        return [sys.executable, "-S", "-m", "gpujail.reference_impl", impl]
     try:
         words = shlex.split(impl)
     except ValueError as e:
@@ -89,7 +90,7 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
     `first_attempt_env` is added to the first start only (a transient fault); `on_node(node)` is
     called with each new node (the chaos runner uses it to kill nodes). A node that dies under the
     implementation (killed) counts as a failed attempt with code "killed"."""
-    from fixtures.drivers import DEFAULT_VERSION
+    from gpujail.fixtures.drivers import DEFAULT_VERSION
     policy = policy or RestartPolicy()
     version = version or (DEFAULT_VERSION if role == "gpu-worker" else None)
     worker = Worker(node_id, role)

@@ -1,4 +1,4 @@
-"""`python -m reference_impl NAME [ACTION]`: run a bundled implementation under the SPEC section 5
+"""`python -m gpujail.reference_impl NAME [ACTION]`: run a bundled implementation under the SPEC section 5
 contract (GPUJAIL_JAIL, GPUJAIL_NODE, GPUJAIL_ROLE, NVIDIA_DRIVER_CAPABILITIES from the
 environment). ACTION defaults to the role's start procedure; `populate-cleanup` runs the
 populate-jail cleanup of a reused jail. Exit codes: reference_impl.core.EXIT."""
@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import sys
 
-from gpujail import failpoints, history
-from gpujail.sysops import RealSys
+from gpujail.reference_impl import core, direct, legacy, reference
 
-from . import core, direct, legacy, reference
+from gpujail.world import failpoints, history
+from gpujail.world.sysops import RealSys
 
 IMPLEMENTATIONS = {"reference": reference, "legacy": legacy, "direct": direct}
-USAGE = "usage: python -m reference_impl {reference|legacy|direct|mutant:NAME} [start|populate-cleanup]"
+USAGE = "usage: python -m gpujail.reference_impl {reference|legacy|direct|mutant:NAME} [start|populate-cleanup]"
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0].startswith("mutant:"):
-        from . import mutants
+        from gpujail.reference_impl import mutants
         try:
             mutants.apply(argv[0].split(":", 1)[1])
         except KeyError as e:

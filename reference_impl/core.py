@@ -26,26 +26,18 @@ import os
 import stat
 from dataclasses import dataclass
 
-from gpujail import failpoints, history
-from gpujail.sysops import MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, LockTimeout
+from gpujail.spec import FLAG, IMPL_EXIT, LDCONFIG_LOCK, LOCK, PLACEHOLDER_MAX, PLACEHOLDER_NAME, REAL_CONTENT_MIN
+from gpujail.world import failpoints, history
+from gpujail.world.sysops import MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, LockTimeout
 
-LOCK = "etc/complement_jail_gpu_placeholders.lock"
-LDCONFIG_LOCK = "etc/complement_jail_ldconfig.lock"
-FLAG = "etc/gpu_libs_installed.flag"
 MARKER = b"nvidia-placeholder-marker\n"   # 26 bytes: non-empty, far below any real library (REF-5)
-PLACEHOLDER_MAX = 64                       # REF-9: a placeholder is smaller than this
-PLACEHOLDER_NAME = "lib*.so.*"             # REF-9: ... and named like a versioned library
-REAL_CONTENT_MIN = 1024                    # REF-7: a mounted regular file must be larger than this
 LIB64, LIB32 = "usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu"
 LIBRARY_DIRS = (LIB64, LIB32, "usr/lib64", "usr/lib")
 NVML = "libnvidia-ml.so"
 CAPABILITIES = ("compute", "compat32", "display", "graphics", "utility", "video", "ngx")
 
-# Exit codes: one per kind of failure, so an orchestrator or a test can tell them apart.
-EXIT = {"ready": 0, "bad-input": 2, "lock-timeout": 3, "cli-failed": 4, "verify-failed": 5,
-        "soname-failed": 6, "unsafe-jail": 7, "jail-write-failed": 8, "io-error": 9}
+EXIT = IMPL_EXIT   # one exit code per kind of failure, so an orchestrator or a test can tell them apart
 assert len(MARKER) < PLACEHOLDER_MAX
-assert len(set(EXIT.values())) == len(EXIT), "one exit code per kind of failure (CONTRACT.md)"
 
 
 class Fatal(Exception):
@@ -391,7 +383,7 @@ def populate_cleanup(ctx: Ctx, predicate=is_placeholder) -> list[str]:
 
 def dummy_library(directory: str = "/run/gpujail") -> str:
     """A loadable stand-in library on node-local storage (/run is per-node: tmpfs in a container)."""
-    from fixtures.elf import shared_object  # the one ELF writer of the project
+    from gpujail.fixtures.elf import shared_object  # the one ELF writer of the project
     path = os.path.join(directory, "libdummy.so")
     if not os.path.exists(path):
         os.makedirs(directory, exist_ok=True)
@@ -426,7 +418,7 @@ REMOUNT = {"dev": MS_RDONLY | MS_NOSUID | MS_NOEXEC, "run": MS_NODEV | MS_NOSUID
 
 def for_capabilities(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The entries configure would mount for the caller's capabilities (direct owns this logic)."""
-    from gpujail import nvc_info
+    from gpujail.fixtures import nvc_info
     caps = nvc_info.capabilities({f.lstrip("-") for f in ctx.cli_flags()})
     return [(h, t) for h, t in pairs if nvc_info.selected(h, caps)]
 

@@ -4,7 +4,7 @@ CLI cleanup). Verified as REF-7; on failure it unmounts its own mounts and delet
 """
 from __future__ import annotations
 
-from . import core, reference
+from gpujail.reference_impl import core, reference
 
 
 def gpu_worker(ctx: core.Ctx) -> None:

@@ -6,7 +6,7 @@ existence only, and the placeholder predicate is "empty file".
 """
 from __future__ import annotations
 
-from . import core
+from gpujail.reference_impl import core
 
 
 def gpu_worker(ctx: core.Ctx) -> None:

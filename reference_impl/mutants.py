@@ -2,10 +2,10 @@
 
 How this works
 --------------
-`python -m reference_impl mutant:NAME` applies one mutation to reference_impl.core (replacing one
+`python -m gpujail.reference_impl mutant:NAME` applies one mutation to reference_impl.core (replacing one
 function, class or constant, usually by a wrapper around the original) and then runs `reference`.
 Each entry of `MUTANTS` is (the mistake in one line, the function that applies it). The suite is
-only as strong as the mistakes it catches: `python -m conformance.killmatrix` runs the conformance
+only as strong as the mistakes it catches: `python -m gpujail.conformance.killmatrix` runs the conformance
 and chaos suites against every mutant and lists which tests kill it; a mutant no test kills is a
 hole in the suite.
 
@@ -19,9 +19,9 @@ import os
 import types
 from unittest import mock
 
-from gpujail import history
+from gpujail.reference_impl import core
 
-from . import core
+from gpujail.world import history
 
 
 def _wrap(name: str, wrapper) -> None:
@@ -218,7 +218,7 @@ def _escapes_jail():
 
 
 def _legacy():
-    from . import legacy, reference
+    from gpujail.reference_impl import legacy, reference
     for step in ("gpu_worker", "cpu_worker", "populate_cleanup"):
         setattr(reference, step, getattr(legacy, step))
 

@@ -10,7 +10,7 @@ The building blocks are in core.py; every jail path goes through openat2 beneath
 """
 from __future__ import annotations
 
-from . import core
+from gpujail.reference_impl import core
 
 
 def gpu_worker(ctx: core.Ctx) -> None:

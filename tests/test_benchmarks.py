@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from benchmarks.run import Row, table, tree_pss
+from gpujail.benchmarks.run import Row, table, tree_pss
 
 
 def test_table_lines_up_and_shows_ratios():
@@ -29,5 +29,5 @@ def test_memory_of_a_process_tree_counts_children():
 
 
 def test_unknown_figure_is_one_usage_line():
-    p = subprocess.run([sys.executable, "-m", "benchmarks.run", "--only", "nosuch"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "gpujail.benchmarks.run", "--only", "nosuch"], capture_output=True, text=True)
     assert p.returncode == 2 and "invalid choice: 'nosuch'" in p.stderr and "Traceback" not in p.stderr

@@ -13,9 +13,8 @@ import random
 import stat
 
 import pytest
-
-from chaos import checker
-from chaos.checker import UNKNOWN, check, same_file
+from gpujail.chaos import checker
+from gpujail.chaos.checker import UNKNOWN, check, same_file
 
 JAIL = "/srv/jail"
 LIB = "usr/lib/x86_64-linux-gnu"
@@ -44,7 +43,7 @@ class History:
         """A reference start: worker.start .. impl.* .. cli .. worker.ready (returns worker.ready)."""
         self.add(t, node, "node.up")
         self.add(t + .001, node, "worker.start", pid=9000, impl="reference", attempt=0)
-        self.add(t + .002, node, "impl.start", argv=["python3", "-m", "reference_impl", "reference"])
+        self.add(t + .002, node, "impl.start", argv=["python3", "-m", "gpujail.reference_impl", "reference"])
         self.add(t + .010, node, "impl.begin", pid=2, impl="reference", role="gpu-worker", action="start")
         self.add(t + .011, node, "impl.placeholders", pid=2, total=4, missing=missing)
         if lock if lock is not None else missing:

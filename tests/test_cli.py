@@ -19,13 +19,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from gpujail.chaos import scenario
 from test_checker import good_final
 from test_timeline import seed_bug
 
-from chaos import scenario
-from conformance import report
-from conformance.plugin import OPTIONS
-from gpujail import backends, cli, failpoints, kernel
+from gpujail import backends, cli, report
+from gpujail.backends import kernel
+from gpujail.plugin import OPTIONS
+from gpujail.world import failpoints
 
 REPO = Path(__file__).resolve().parents[1]
 COLD_RACE = "chaos/test_scenarios.py::test_scenario[cold-race]"

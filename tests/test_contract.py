@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from gpujail.chaos.runner import dress_as_reused
+from gpujail.reference_impl import core
 
-from chaos.runner import dress_as_reused
-from gpujail import history
 from gpujail.contract import RestartPolicy, UnknownImplementation, command_for, start_worker
-from reference_impl import core
+from gpujail.world import history
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
 

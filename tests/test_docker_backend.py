@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
+from gpujail.fixtures.jail import make_jail
 
-from fixtures.jail import make_jail
-from gpujail import docker_backend, docker_image
+from gpujail.backends import docker_backend, docker_image
+from gpujail.backends.probes import gpu_files, problems
 from gpujail.contract import RestartPolicy, start_worker
-from gpujail.failpoints import Barrier
-from gpujail.probes import gpu_files, problems
+from gpujail.world.failpoints import Barrier
 
 pytestmark = pytest.mark.skipif(docker_backend.precondition() is not None,
                                 reason=str(docker_backend.precondition()))
@@ -50,7 +50,7 @@ def test_worker_is_a_container_with_the_contract_view(dfleet, jail):
     assert w.ready, w.attempts[-1].stderr
     assert problems(w.node.probe(gpu_files(jail))) == []
     config = w.node.container.attrs["Config"]
-    assert config["Cmd"] == [docker_image.PYTHON, "-S", "-m", "reference_impl", "reference"]
+    assert config["Cmd"] == [docker_image.PYTHON, "-S", "-m", "gpujail.reference_impl", "reference"]
     assert config["WorkingDir"] == str(jail) and {"GPUJAIL_NODE=w", f"GPUJAIL_JAIL={jail}"} <= set(config["Env"])
     host = w.node.container.attrs["HostConfig"]
     assert (host["Privileged"], host["CapAdd"], host["NetworkMode"]) == (False, ["SYS_ADMIN"], "none")
@@ -76,7 +76,7 @@ def test_vendor_script_outside_the_repository(dfleet):
     vendor = Path(tempfile.mkdtemp(prefix="gpujail-vendor-"))
     try:
         (vendor / "mine.sh").write_text('#!/bin/sh\n[ "$1" = -j ] && [ "$2" = "$GPUJAIL_JAIL" ] || exit 2\n'
-                                        "exec python3 -S -m reference_impl reference\n")
+                                        "exec python3 -S -m gpujail.reference_impl reference\n")
         w = start_worker(dfleet, "w", f"sh {vendor}/mine.sh -j {{jail}}")
         assert w.ready, w.attempts[-1].stderr
         assert {"Source": str(vendor), "Destination": str(vendor), "RW": False} in [
@@ -189,7 +189,7 @@ def test_engine_going_away_mid_run(private_engine, jail, run_dir):
 _HARNESS = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from gpujail import docker_backend
+from gpujail.backends import docker_backend
 from gpujail.contract import start_worker
 fleet = docker_backend.Fleet(sys.argv[2])
 w = start_worker(fleet, "orphan", "reference")
@@ -231,7 +231,7 @@ def test_seed_bug_across_containers(impl, tmp_path):
     """The deterministic cold-race scenario with every worker a container: against `legacy` the
     seed bug shows exactly as across namespaces (a loser's CLI cleanup unlinks the 0-byte
     placeholders under the winners' mounts, INV-1), against `reference` the run is valid."""
-    from chaos import runner, scenario
+    from gpujail.chaos import runner, scenario
     result = runner.run(scenario.load("cold-race"), impl, tmp_path / "run", fleet_class=docker_backend.Fleet)
     if impl == "reference":
         assert result.verdict.valid is True, result.report()

@@ -11,10 +11,9 @@ import subprocess
 import sys
 
 import pytest
-
-from fixtures import drivers, elf, fake_cli
-from fixtures.drivers import LIB32, LIB64, VERSIONS, catalogue, materialise, tree_path
-from fixtures.jail import find_ldconfig
+from gpujail.fixtures import drivers, elf, fake_cli
+from gpujail.fixtures.drivers import LIB32, LIB64, VERSIONS, catalogue, materialise, tree_path
+from gpujail.fixtures.jail import find_ldconfig
 
 
 @pytest.fixture

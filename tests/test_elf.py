@@ -6,8 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from fixtures.elf import executable_script, read_soname, shared_object
+from gpujail.fixtures.elf import executable_script, read_soname, shared_object
 
 VERSION = "550.54.15"
 

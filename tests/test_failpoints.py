@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpujail import failpoints, history
-from gpujail.failpoints import Barrier, FailpointSpecError, parse
+from gpujail.world import failpoints, history
+from gpujail.world.failpoints import Barrier, FailpointSpecError, parse
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -177,7 +177,7 @@ _CHILD = """
 import sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from gpujail import failpoints
+from gpujail.world import failpoints
 
 failpoints.hit("cli.before_mkdir", path="/jail/x")
 print("passed", flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import threading
 
-from gpujail import history
+from gpujail.world import history
 
 
 def test_threads_switching_histories_lose_nothing(tmp_path):

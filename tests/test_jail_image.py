@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from fixtures import drivers, elf
-from fixtures.jail import LIB64, NCURSES_SCRIPT, REAL_LIB, STUB_ARCHIVES, ldconfig, make_jail, snapshot
+from gpujail.fixtures import drivers, elf
+from gpujail.fixtures.jail import LIB64, NCURSES_SCRIPT, REAL_LIB, STUB_ARCHIVES, ldconfig, make_jail, snapshot
 
 
 def is_placeholder(path):

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from gpujail.fixtures import drivers
+from gpujail.fixtures.drivers import LIB32, LIB64, DriverFile, catalogue
+from gpujail.fixtures.jail import make_jail, snapshot
 
-from fixtures import drivers
-from fixtures.drivers import LIB32, LIB64, DriverFile, catalogue
-from fixtures.jail import make_jail, snapshot
-from gpujail import history
-from gpujail.failpoints import Barrier
-from gpujail.sysops import RealSys
+from gpujail.world import history
+from gpujail.world.failpoints import Barrier
+from gpujail.world.sysops import RealSys
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -461,7 +461,7 @@ def test_nothing_left_after_the_fleet_exits(fleet, jail):
 _HARNESS = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from gpujail import kernel
+from gpujail.backends import kernel
 
 with kernel.Fleet(sys.argv[2], {"GPUJAIL_NODE": "orphan"}) as fleet:
     node = fleet.start("orphan")

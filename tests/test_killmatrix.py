@@ -1,15 +1,15 @@
 """The kill matrix command (conformance/killmatrix.py) in reduced form: two mutants against one
 test, one of which kills the first and not the second. The full matrix (every mutant, the
-conformance and chaos suites) runs on demand: `python -m conformance.killmatrix` (tox env
+conformance and chaos suites) runs on demand: `python -m gpujail.conformance.killmatrix` (tox env
 `killmatrix`)."""
 from __future__ import annotations
 
 import json
 
 import pytest
+from gpujail.conformance import killmatrix
 
-from conformance import killmatrix
-from gpujail import kernel
+from gpujail.backends import kernel
 
 pytestmark = pytest.mark.kernel
 REF7 = "conformance/test_worker_start.py::test_placeholder_sized_mount_is_rejected"

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpujail.sysops import MS_NODEV, MS_NOSUID, MS_RDONLY
+from gpujail.world.sysops import MS_NODEV, MS_NOSUID, MS_RDONLY
 
 PATHS = ("f1", "f1", "f2", "d1", "d1/f3", "l1")   # f1 twice: most stories are about one file
 SOURCES = ("a", "b", "hd")            # two host files and a host directory (holding x)
@@ -101,8 +101,8 @@ def _read_file(path: str) -> bytes:
 
 def agent() -> None:
     """Kernel side: a private mount namespace, then one JSON op per line, one JSON result per line."""
-    from gpujail.node import CLONE_NEWNS, _unshare
-    from gpujail.sysops import MS_PRIVATE, MS_REC, RealSys
+    from gpujail.backends.node import CLONE_NEWNS, _unshare
+    from gpujail.world.sysops import MS_PRIVATE, MS_REC, RealSys
     _unshare(CLONE_NEWNS)
     real = RealSys()
     real.mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -143,7 +143,7 @@ def kernel_run(agents, base, n: int, sequence) -> list:
 
 
 def model_run(sequence) -> list:
-    from gpujail.model import ModelFS, World
+    from gpujail.backends.model import ModelFS, World
     fs = ModelFS()
     fs.add("/shared", stat.S_IFDIR | 0o755)
     for name, data in HOST_FILES.items():

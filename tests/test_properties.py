@@ -25,13 +25,13 @@ import stat
 import tempfile
 
 import pytest
+from gpujail.fixtures import nvc_info
+from gpujail.fixtures.fake_cli import CONFIGURE_OPTIONS, GLOBAL_OPTIONS, LIST_OPTIONS, CliError, Configure, argp_parse
+from gpujail.reference_impl import core
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from fixtures.fake_cli import CONFIGURE_OPTIONS, GLOBAL_OPTIONS, LIST_OPTIONS, CliError, Configure, argp_parse
-from gpujail import nvc_info
-from gpujail.sysops import RealSys, parse_mountinfo, resolve_in_root
-from reference_impl import core
+from gpujail.world.sysops import RealSys, parse_mountinfo, resolve_in_root
 
 # Function-scoped fixtures (`fs`, the autouse environment fixture) are set up once per test, not per
 # example: each example below rebuilds its own tree, so sharing them across examples is intended.

@@ -8,10 +8,9 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from gpujail.chaos import timeline
+from gpujail.chaos.checker import check
 from test_checker import NVML, History, detached, good_final, good_run
-
-from chaos import timeline
-from chaos.checker import check
 
 NS = {"svg": "http://www.w3.org/2000/svg"}
 SVG = "{http://www.w3.org/2000/svg}"

@@ -38,7 +38,7 @@ import signal
 import sys
 import time
 
-from . import history
+from gpujail.world import history
 
 ENV, BARRIERS_ENV = "GPUJAIL_FAILPOINTS", "GPUJAIL_BARRIERS"
 

@@ -20,7 +20,7 @@ import re
 import shlex
 from pathlib import Path
 
-from .requirements import REQUIREMENTS
+from gpujail.spec import REQUIREMENTS
 
 STATUSES = ("passed", "failed", "expected-fail", "unexpected-pass", "passed-intermittent", "skipped")
 BAD = ("failed", "unexpected-pass")          # what makes a run red
@@ -31,7 +31,7 @@ CHAOS_DIR = "chaos"                          # under the reports directory
 
 def reports_dir(config) -> Path:
     """Where this run's reports go: beside the JSON summary, else `<rootdir>/reports`."""
-    from .plugin import option
+    from gpujail.plugin import option
     summary = option(config, "gpujail-report")
     return Path(summary).parent if summary else Path(config.rootpath) / "reports"
 
@@ -77,7 +77,7 @@ def invariants_of(test: dict) -> dict[str, str]:
 def invariant_rows(report: dict) -> list[tuple[str, str, dict, list[dict]]]:
     """Per invariant over the chaos runs: (ID, name, counts of PASS/FAIL/UNKNOWN, the failing
     runs' test entries: their status says whether the failure was expected)."""
-    from chaos.checker import INVARIANTS
+    from gpujail.spec import INVARIANTS
     runs = [t for t in tests_of(report).values() if t.get("invariants")]
     rows = []
     for inv, name in INVARIANTS.items():
@@ -117,6 +117,8 @@ def text(report: dict) -> str:
         lines.append(f" {mark}{rid:<7} {counts_text(counts):<{width}}  {what}")
     if report.get("uncited"):
         lines.append(f"  not checked by any test that ran: {', '.join(report['uncited'])}")
+    for rid, why in report.get("pending", {}).items():
+        lines.append(f"  {rid} pending: {why}")
     inv = invariant_rows(report)
     runs = sum(inv[0][2].values()) if inv else 0
     if runs:
@@ -141,8 +143,8 @@ def esc(value) -> str:
 
 def chaos_runs(report: dict, root: Path) -> list[dict]:
     """The chaos runs of this report that left artefacts (the failing ones), judged again."""
-    from chaos import checker, timeline
-    from gpujail import history
+    from gpujail.chaos import checker, timeline
+    from gpujail.world import history
     out = []
     for t in tests_of(report).values():
         d = root / CHAOS_DIR / artefact_name(t["test"])
@@ -160,7 +162,7 @@ def reproduce_command(test: str, events: list[dict], impl: str) -> str:
     """The command that replays a chaos test's run: `gpujail reproduce` for a scenario file, the
     pytest node id otherwise (scenarios built in code, e.g. the CLI error at each failpoint)."""
     begin = next((e for e in events if e.get("kind") == "chaos.begin"), {})
-    from chaos.scenario import names
+    from gpujail.chaos.scenario import names
     if "::test_scenario[" in test and begin.get("scenario") in names():
         flag = " --random" if "-random-seed+" in test else ""
         return f"gpujail reproduce {begin['scenario']} --impl {shlex.quote(impl)} --seed {begin.get('seed', 0)}{flag}"
@@ -184,7 +186,7 @@ code {background: #f5f5f5; padding: 0 3px}
 def write_html(report: dict, path, root: Path | None = None) -> Path:
     """Write the run's page to `path`; chaos artefacts are looked up under `root` (default: the
     page's directory)."""
-    from chaos import timeline
+    from gpujail.chaos import timeline
     path = Path(path)
     root = path.parent if root is None else root
     info = report["run_info"]
@@ -205,6 +207,8 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
     req.append("</table>")
     if report.get("uncited"):
         req.append(f"<p>Not checked by any test that ran: {esc(', '.join(report['uncited']))}</p>")
+    for rid, why in report.get("pending", {}).items():
+        req.append(f"<p>{esc(rid)} pending: {esc(why)}</p>")
     inv = ["<table class='gj-t'><tr><th>invariant</th><th></th><th>PASS</th><th>FAIL</th><th>UNKNOWN</th>"
            "<th>failing runs</th></tr>"]
     for rid, name, counts, failing in invariant_rows(report):

@@ -1,6 +1,10 @@
-"""The requirement vocabulary: every SPEC.md ID a test may cite, one line each (like test262's
-features.txt). A `req` marker naming an ID not listed here is a collection error; the self-tests
-check this table against SPEC.md and list the IDs no test cites."""
+"""The vocabulary every layer shares: requirement IDs, the jail paths and size bounds the SPEC fixes,
+and the exit codes. One place, which CONTRACT.md, the report and the tests quote.
+
+The requirement table is like test262's features.txt: every SPEC ID a test may cite, one line each.
+A `req` marker naming an ID not listed here is a collection error; the self-tests check this table
+against SPEC.md and list the IDs no test cites.
+"""
 
 REQUIREMENTS = {
     "CLI-1": "fake CLI: GNU argp grammar, usage errors exit 1, bad rootfs refused",
@@ -27,6 +31,7 @@ REQUIREMENTS = {
     "REF-9": "placeholder predicate (lib*.so.* regular file < 64 bytes): cleanup and dummy mounts",
     "REF-10": "a ready GPU worker touches etc/gpu_libs_installed.flag",
     "REF-11": "nothing written outside the jail, whatever its symlinks",
+    "REF-12": "per-node sonames: every ready worker's sonames load its own driver, whatever other nodes run",
     "INV-1": "no lost content while a worker is ready",
     "INV-2": "convergence within bounded restarts under transient faults",
     "INV-3": "jail hygiene: only placeholders, locks, flag and ldconfig outputs change",
@@ -34,3 +39,31 @@ REQUIREMENTS = {
     "INV-5": "honest readiness",
     "INV-6": "no host residue",
 }
+
+# Requirements SPEC.md defines that no test checks yet, with what will build them: reports list
+# them as pending (never as passed), and a self-test fails once a test cites one still listed here.
+PENDING = {"REF-12": "built by issue 17 (real reports: mixed driver versions)"}
+
+# The chaos checker's invariants (SPEC section 6), by their short names.
+INVARIANTS = {"INV-1": "no lost content", "INV-2": "convergence", "INV-3": "jail hygiene",
+              "INV-4": "no lock on warm starts", "INV-5": "honest readiness", "INV-6": "no host residue"}
+
+CONTRACT_VERSION = "1.0"   # CONTRACT.md; changes whenever that page changes meaning
+
+# Paths in the jail the SPEC names (REF-5, REF-8, REF-10).
+LOCK = "etc/complement_jail_gpu_placeholders.lock"
+LDCONFIG_LOCK = "etc/complement_jail_ldconfig.lock"
+FLAG = "etc/gpu_libs_installed.flag"
+LDCACHE = "etc/ld.so.cache"
+
+# Size bounds (REF-5, REF-7, REF-9).
+PLACEHOLDER_MAX = 64          # a placeholder (0-byte or marker) is smaller than this
+PLACEHOLDER_NAME = "lib*.so.*"  # ... and named like a versioned library
+REAL_CONTENT_MIN = 1024       # a mounted regular file shows more than this by path
+
+# Exit codes of the bundled implementations: one per kind of failure (CONTRACT.md).
+IMPL_EXIT = {"ready": 0, "bad-input": 2, "lock-timeout": 3, "cli-failed": 4, "verify-failed": 5,
+             "soname-failed": 6, "unsafe-jail": 7, "jail-write-failed": 8, "io-error": 9}
+# Exit codes of the `gpujail` command and its subcommands (README.md).
+EXIT = {"passed": 0, "failed": 1, "bad-input": 2, "backend": 3, "inconclusive": 4, "error": 5, "interrupted": 130}
+assert len(set(IMPL_EXIT.values())) == len(IMPL_EXIT) and len(set(EXIT.values())) == len(EXIT)

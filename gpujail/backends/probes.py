@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import os
 
-from fixtures import drivers
-
-from . import nvc_info
+from gpujail.fixtures import drivers, nvc_info
 
 
 def gpu_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility") -> list[dict]:

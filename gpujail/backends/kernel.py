@@ -2,7 +2,7 @@
 
 How this works
 --------------
-A `Node` is a `python -m gpujail.node` process (see that module) holding its own mount namespace
+A `Node` is a `python -m gpujail.backends.node` process (see that module) holding its own mount namespace
 with the host's driver files of one driver version at their real host paths, node-local `/dev` and
 `/run`, and the shared jail. The harness talks to it over a pipe, one JSON line per request.
 `Fleet` starts and stops many nodes together and is a context manager: leaving it (normally, on an
@@ -24,10 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixtures import drivers
+from gpujail import ROOT
+from gpujail.fixtures import BIN, drivers
 
-REPO = Path(__file__).resolve().parent.parent
-FAKE_CLI_DIR = REPO / "fixtures" / "bin"
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpujail-node-spawner")
 
 
@@ -83,8 +82,8 @@ class Node:
         # and a test may start nodes from short-lived threads. In its own session: a terminal's
         # Ctrl-C goes to the harness, which stops its nodes (as an orchestrator, not the terminal,
         # stops containers).
-        self.proc = _SPAWNER.submit(subprocess.Popen, [sys.executable, "-m", "gpujail.node", json.dumps(cfg)],
-                                    cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        self.proc = _SPAWNER.submit(subprocess.Popen, [sys.executable, "-m", "gpujail.backends.node", json.dumps(cfg)],
+                                    cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                     env={**os.environ, "PYTHONPATH": _pythonpath()}, start_new_session=True).result()
         hello = self._read()
         if not hello.get("ready"):
@@ -112,7 +111,7 @@ class Node:
 
     def contract_env(self, capabilities: str = "compute,utility", extra: dict | None = None) -> dict[str, str]:
         """The environment SPEC section 5 promises an implementation."""
-        path = os.pathsep.join([str(FAKE_CLI_DIR), os.path.dirname(sys.executable),
+        path = os.pathsep.join([str(BIN), os.path.dirname(sys.executable),
                                 "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
         env = {"PATH": path, "HOME": "/root" if os.getuid() == 0 else os.environ.get("HOME", "/"),
                "LANG": "C.UTF-8", "PYTHONPATH": _pythonpath(),
@@ -130,7 +129,7 @@ class Node:
 
     def cli(self, *args: str, env: dict | None = None, timeout: float = 60.0) -> RunResult:
         """Run the fake nvidia-container-cli in this node."""
-        return self.run([str(FAKE_CLI_DIR / "nvidia-container-cli"), *args], env=env, timeout=timeout)
+        return self.run([str(BIN / "nvidia-container-cli"), *args], env=env, timeout=timeout)
 
     def probe(self, files: list[dict]) -> list[dict]:
         """[{path, host?, load?}] -> what this node sees at each path (size, attached, loader, bytes)."""
@@ -176,7 +175,7 @@ def _alive(pid: int) -> bool:
 
 
 def _pythonpath() -> str:
-    return os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 class Fleet:
@@ -196,7 +195,7 @@ class Fleet:
                           "GPUJAIL_BARRIERS": str(run_dir / "barriers"), "GPUJAIL_SEED": str(seed)})
 
     def history(self) -> list[dict]:
-        from . import history
+        from gpujail.world import history
         return history.load(self.env.get(history.ENV, ""))
 
     def start(self, node_id: str, role: str = "gpu-worker", version: str | None = drivers.DEFAULT_VERSION,

@@ -13,7 +13,7 @@ A *plan* is everything one simulation (gpujail/model.py `World`) needs besides t
 `plans()` is the Hypothesis strategy over plans. Shrinking goes towards fewer runs, fewer faults and
 earlier hits: the shortest story that still breaks an invariant. `find_violation` returns that story
 (for `legacy`, the seed bug); Hypothesis keeps failing plans in its example database, and a printed
-plan replays exactly: `python -m gpujail.explore replay legacy '<plan>'`.
+plan replays exactly: `python -m gpujail.chaos.explore replay legacy '<plan>'`.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from . import failpoints
-from .model import SMALL_DRIVER, World
+from gpujail.backends.model import SMALL_DRIVER, World
+from gpujail.world import failpoints
 
 ACTIONS = ("return(EIO)", "kill")
 SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=True)
@@ -127,7 +127,7 @@ def _plan(text: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpujail.explore", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gpujail.chaos.explore", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     e = sub.add_parser("find", help="search for a plan that breaks an invariant, shrink it, print its trace")
     r = sub.add_parser("replay", help="run one plan (JSON, as `find` prints it) and print its trace")

@@ -2,7 +2,7 @@
 
 How this works
 --------------
-`python -m gpujail.node CONFIG_JSON` is started by the harness (`gpujail/kernel.py`) with pipes on
+`python -m gpujail.backends.node CONFIG_JSON` is started by the harness (`gpujail/kernel.py`) with pipes on
 stdin/stdout. It:
 
 1. unshares a mount namespace and a PID namespace (plus a user namespace when not root, SPEC K-5),
@@ -39,8 +39,8 @@ import subprocess
 import sys
 import time
 
-from . import history
-from .sysops import MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, RealSys
+from gpujail.world import history
+from gpujail.world.sysops import MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, RealSys
 
 MS_MOVE = 8192
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-MODULES = {"kernel": "gpujail.kernel", "model": "gpujail.model", "docker": "gpujail.docker_backend"}
+MODULES = {"kernel": "gpujail.backends.kernel", "model": "gpujail.backends.model", "docker": "gpujail.backends.docker_backend"}
 NAMES = tuple(MODULES)
 
 

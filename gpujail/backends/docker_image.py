@@ -30,7 +30,7 @@ import sys
 import tarfile
 import tempfile
 
-from fixtures.drivers import cache_dir
+from gpujail.fixtures.drivers import cache_dir
 
 REPOSITORY = "gpujail-worker"
 RECIPE = "1"   # bump when the assembly below changes meaning

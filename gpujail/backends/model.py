@@ -36,12 +36,11 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from fixtures import drivers, elf
-from reference_impl import core, direct, legacy, mutants, reference
-from reference_impl.__main__ import execute
-
-from . import failpoints, history, nvc_info
-from .sysops import MS_RDONLY, LockTimeout, Mount
+from gpujail.fixtures import drivers, elf, nvc_info
+from gpujail.reference_impl import core, direct, legacy, mutants, reference
+from gpujail.reference_impl.__main__ import execute
+from gpujail.world import failpoints, history
+from gpujail.world.sysops import MS_RDONLY, LockTimeout, Mount
 
 JAIL = "/jail"
 UMASK = 0o022
@@ -586,7 +585,7 @@ class World:
         raise Killed("violation")
 
     def _check_hygiene(self) -> None:
-        from chaos import checker
+        from gpujail.chaos import checker
         result = checker.check_hygiene(checker.Run([], {"jail_before": self.jail_before, "jail_after": snapshot(self.fs),
                                                         "outside_changes": self.fs.outside_changes}))
         for v in result.violations:
@@ -674,7 +673,7 @@ def _jail_image() -> dict[str, tuple[int, bytes, str | None]]:
     if _IMAGE is None:
         import tempfile
 
-        from fixtures.jail import make_jail
+        from gpujail.fixtures.jail import make_jail
         with tempfile.TemporaryDirectory(prefix="gpujail-model-") as tmp:
             root = make_jail(os.path.join(tmp, "jail"))
             image = {}
@@ -947,7 +946,7 @@ class ModelSys:
             return 0, "", ""          # --ldconfig=/usr/bin/true and the like: nothing to model
         if prog != "nvidia-container-cli":
             return 127, "", f"{argv[0]}: command not found\n"
-        from fixtures import fake_cli
+        from gpujail.fixtures import fake_cli
         child = Proc(self.proc.worker, self.proc._spec, parent=self.proc)
         out, err = io.StringIO(), io.StringIO()
         saved = World.local.stdout, World.local.stderr

@@ -7,7 +7,7 @@ the conformance `World`, the chaos runner, probes, history and checker work unch
 one container, started through the `docker` SDK from the locally built worker image
 (gpujail/docker_image.py), with:
 
-* PID 1 the node agent (`python -m gpujail.node`, the same code as the kernel backend), which builds
+* PID 1 the node agent (`python -m gpujail.backends.node`, the same code as the kernel backend), which builds
   the node-local `/dev` (NVIDIA device nodes made with `mknod`) and `/run` (the persistenced socket),
   binds them over `JAIL/dev` and `JAIL/run` in the container's mount namespace, then serves the
   harness's requests (run the implementation, probe, mounts) over a unix socket in a directory
@@ -42,11 +42,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fixtures import drivers
-
-from . import docker_image, kernel
-from .docker_image import PYTHON, one_line
-from .kernel import REPO, _pythonpath
+from gpujail import ROOT
+from gpujail.backends import docker_image, kernel
+from gpujail.backends.docker_image import PYTHON, one_line
+from gpujail.backends.kernel import _pythonpath
+from gpujail.fixtures import drivers
 
 CTL = "/gpujail-ctl"   # the host's per-fleet socket directory, inside every container of the fleet
 LABEL = "gpujail.fleet"
@@ -115,7 +115,7 @@ class Node(kernel.Node):
                "env": {k: v for k, v in self.env.items() if k.startswith("GPUJAIL_")}}
         try:
             container = fleet.client.containers.run(
-                fleet.image, argv or [], entrypoint=[PYTHON, "-S", "-m", "gpujail.node", json.dumps(cfg)],
+                fleet.image, argv or [], entrypoint=[PYTHON, "-S", "-m", "gpujail.backends.node", json.dumps(cfg)],
                 environment=env or {"PYTHONPATH": _pythonpath(), "LANG": "C.UTF-8"},
                 working_dir=str(self.jail) if argv else "/", name=name, detach=True, auto_remove=True,
                 labels={LABEL: fleet.id}, mounts=mounts, network_mode="none", cap_add=["SYS_ADMIN"],
@@ -297,11 +297,11 @@ class Fleet(kernel.Fleet):
 
     def visible(self) -> list[Path]:
         """Host directories every container of the fleet sees at their host paths."""
-        return [REPO, *self.shared_dirs()]
+        return [ROOT, *self.shared_dirs()]
 
     def mounts(self) -> list:
         from docker.types import Mount
-        return [Mount(str(REPO), str(REPO), type="bind", read_only=True),
+        return [Mount(str(ROOT), str(ROOT), type="bind", read_only=True),
                 Mount(CTL, str(self.ctl_dir), type="bind"),
                 *[Mount(str(d), str(d), type="bind") for d in self.shared_dirs()]]
 
