@@ -117,7 +117,7 @@ def host_residue(*needles: str) -> tuple[list[str], list[str]]:
     return mounts, procs
 
 
-def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: float = 120.0,
+def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: float | None = None,
         fleet_class: type[kernel.Fleet] = kernel.Fleet) -> ChaosRun:
     run_dir.mkdir(parents=True, exist_ok=True)
     jail = jail_image.make_jail(run_dir / "jail")

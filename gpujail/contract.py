@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gpujail import reference_impl
 from gpujail.backends.kernel import Fleet, Node, RunResult
+from gpujail.spec import start_timeout
 from gpujail.world import history
 
 # -S: no site-packages scan at start-up (PYTHONPATH names the repository), which is a third of a
@@ -84,12 +85,14 @@ class Worker:
 def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker",
                  version: str | None = None, policy: RestartPolicy | None = None,
                  capabilities: str = "compute,utility", env: dict[str, str] | None = None,
-                 timeout: float = 120.0, node_options: dict | None = None,
+                 timeout: float | None = None, node_options: dict | None = None,
                  first_attempt_env: dict[str, str] | None = None, on_node=None) -> Worker:
     """Start a worker and restart it by `policy` until it reports ready or gives up.
     `first_attempt_env` is added to the first start only (a transient fault); `on_node(node)` is
     called with each new node (the chaos runner uses it to kill nodes). A node that dies under the
-    implementation (killed) counts as a failed attempt with code "killed"."""
+    implementation (killed) counts as a failed attempt with code "killed". A start that reaches its
+    deadline (`timeout`, default the start timeout) is killed and not restarted: a restart would
+    only wait again, and a run against a hanging script must end in about one deadline."""
     from gpujail.fixtures.drivers import DEFAULT_VERSION
     policy = policy or RestartPolicy()
     version = version or (DEFAULT_VERSION if role == "gpu-worker" else None)
@@ -113,6 +116,9 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
             result = node.run(argv, env=node.contract_env(capabilities, extra), timeout=timeout)
         except RuntimeError as e:   # the node died under it: killed, as a container can be
             result = RunResult("killed", "", f"{e}\n", 0.0)
+        if result.code == "timeout":   # the one line a person reads says where
+            result.stderr += (f"gpujail: timeout after {timeout or start_timeout():g} s in start {attempt + 1} "
+                              f"of worker {node_id}\n")
         worker.attempts.append(result)
         worker.node = node
         if result.code == 0:
@@ -120,4 +126,6 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
             return worker
         log("worker.exit", code=result.code, error=result.error_line)
         node.kill()
+        if result.code == "timeout":
+            break
     return worker

@@ -5,6 +5,7 @@ The requirement table is like test262's features.txt: every SPEC ID a test may c
 A `req` marker naming an ID not listed here is a collection error; the self-tests check this table
 against SPEC.md and list the IDs no test cites.
 """
+import os
 
 REQUIREMENTS = {
     "CLI-1": "fake CLI: GNU argp grammar, usage errors exit 1, bad rootfs refused",
@@ -60,6 +61,15 @@ LDCACHE = "etc/ld.so.cache"
 PLACEHOLDER_MAX = 64          # a placeholder (0-byte or marker) is smaller than this
 PLACEHOLDER_NAME = "lib*.so.*"  # ... and named like a versioned library
 REAL_CONTENT_MIN = 1024       # a mounted regular file shows more than this by path
+
+# How long one start (one run of the implementation) may take before it is killed with everything it
+# started: --start-timeout, or GPUJAIL_START_TIMEOUT in the environment.
+START_TIMEOUT = 120.0
+
+
+def start_timeout() -> float:
+    return float(os.environ.get("GPUJAIL_START_TIMEOUT") or START_TIMEOUT)
+
 
 # Exit codes of the bundled implementations: one per kind of failure (CONTRACT.md).
 IMPL_EXIT = {"ready": 0, "bad-input": 2, "lock-timeout": 3, "cli-failed": 4, "verify-failed": 5,

@@ -47,6 +47,7 @@ from gpujail.backends import docker_image, kernel
 from gpujail.backends.docker_image import PYTHON, one_line
 from gpujail.backends.kernel import _pythonpath
 from gpujail.fixtures import drivers
+from gpujail.spec import start_timeout
 
 CTL = "/gpujail-ctl"   # the host's per-fleet socket directory, inside every container of the fleet
 LABEL = "gpujail.fleet"
@@ -194,12 +195,12 @@ class Node(kernel.Node):
             raise RuntimeError(f"node {self.node_id}: {op}: {reply['error']}")
         return reply
 
-    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120.0) -> kernel.RunResult:
+    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None) -> kernel.RunResult:
         # The harness's interpreter is the image's: the bundled implementations are `sys.executable -m ...`.
         argv = [PYTHON if word == sys.executable else word for word in argv]
         if self.container is not None or self.killed:
             return super().run(argv, env, timeout)
-        self._boot(argv, env if env is not None else self.contract_env(), timeout)
+        self._boot(argv, env if env is not None else self.contract_env(), timeout or start_timeout())
         r = self._read()   # the agent's report of the container's command
         if "error" in r:
             raise RuntimeError(f"node {self.node_id}: run: {r['error']}")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from gpujail import ROOT
 from gpujail.fixtures import BIN, drivers
+from gpujail.spec import start_timeout
 
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpujail-node-spawner")
 
@@ -121,10 +122,11 @@ class Node:
         env.update(extra or {})
         return env
 
-    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120.0) -> RunResult:
-        """Run a command in this node's namespace, cwd = jail (SPEC section 5)."""
+    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None) -> RunResult:
+        """Run a command in this node's namespace, cwd = jail (SPEC section 5). At the deadline
+        (default: the start timeout) it is killed with everything it started, code "timeout"."""
         env = env if env is not None else self.contract_env()
-        r = self.call("run", argv=argv, env=env, cwd=str(self.jail), timeout=timeout)
+        r = self.call("run", argv=argv, env=env, cwd=str(self.jail), timeout=timeout or start_timeout())
         return RunResult(r["code"], r["stdout"], r["stderr"], r["duration"])
 
     def cli(self, *args: str, env: dict | None = None, timeout: float = 60.0) -> RunResult:

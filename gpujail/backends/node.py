@@ -28,6 +28,7 @@ run first, with the container's environment and working directory, as if it were
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -37,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from gpujail.world import history
@@ -152,8 +154,51 @@ def _node_dev(cfg: dict) -> None:
 
 # -- requests -----------------------------------------------------------------------------------
 
+OUTPUT_CAP = 256 * 1024   # bytes kept of each output stream (the tail): a chatty script cannot grow the harness
+
+
+class _Tail:
+    """Reads a pipe as the data comes (so a writer never blocks on a full pipe), keeping only the
+    last OUTPUT_CAP bytes and counting what it dropped."""
+
+    def __init__(self, pipe):
+        self.pipe, self.data, self.dropped = pipe, bytearray(), 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while chunk := os.read(self.pipe.fileno(), 65536):
+            self.data += chunk
+            if len(self.data) > OUTPUT_CAP:
+                self.dropped += len(self.data) - OUTPUT_CAP
+                del self.data[:len(self.data) - OUTPUT_CAP]
+
+    def text(self) -> str:
+        self.thread.join()
+        self.pipe.close()
+        head = f"[gpujail: {self.dropped} earlier bytes of this output dropped]\n" if self.dropped else ""
+        return head + self.data.decode(errors="replace")
+
+
+def _end_strays(p: subprocess.Popen) -> None:
+    """Nothing a start runs may outlive it: a daemon it `setsid`'d would hold its output pipes open
+    (and the node) forever. As PID 1 of the node's PID namespace, kill(-1) reaches exactly the
+    node's processes, this agent excepted; then reap them (orphans are reparented to PID 1)."""
+    if os.getpid() != 1:   # not in a node of our own (a self-test calling op_run): the start's group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(-1, signal.SIGKILL)
+    p.wait()
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.waitpid(-1, 0)
+
+
 def op_run(req: dict) -> dict:
-    env = req["env"]
+    env, timeout = req["env"], req.get("timeout")
     start = time.monotonic()
     history.record("impl.start", argv=req["argv"])
     try:
@@ -162,17 +207,18 @@ def op_run(req: dict) -> dict:
     except OSError as e:
         history.record("impl.exit", code=127, error=str(e))
         return {"code": 127, "stdout": "", "stderr": f"{req['argv'][0]}: {e.strerror}\n", "duration": 0.0}
+    out, err = _Tail(p.stdout), _Tail(p.stderr)
     try:
-        out, err = p.communicate(timeout=req.get("timeout"))
-        code = p.returncode
+        code = p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
         code = "timeout"
+    _end_strays(p)
     duration = time.monotonic() - start
-    history.record("impl.exit", code=code, duration=duration, stderr=err.decode(errors="replace")[-2000:])
-    return {"code": code, "stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace"),
-            "duration": duration}
+    stdout, stderr = out.text(), err.text()
+    if code == "timeout":
+        stderr += f"timeout after {timeout:g} s: the start and everything it started were killed\n"
+    history.record("impl.exit", code=code, duration=duration, stderr=stderr[-2000:])
+    return {"code": code, "stdout": stdout, "stderr": stderr, "duration": duration}
 
 
 def probe_one(jail_path: str, host_path: str | None, load: bool, mountpoints: set[str]) -> dict:
