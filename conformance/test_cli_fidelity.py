@@ -465,11 +465,13 @@ def test_loader_rejects_placeholders_and_loads_the_real_library(world):
 
 
 HOLDER = """
-import fcntl, sys, time
+import fcntl, os, signal, sys, time
 f = open(sys.argv[1], "a")
 fcntl.flock(f, fcntl.LOCK_EX)
 open(sys.argv[2], "w").close()
-time.sleep(600)
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.005)
+os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
@@ -478,18 +480,18 @@ def test_flock_on_the_jail_serialises_nodes_and_dies_with_its_holder(world):
     """A process in node A holds an flock on a jail lock file: node B's `flock -n` on the same file
     fails. Killed, the holder takes its lock with it, and B gets the lock."""
     a, b = world.node("a"), world.node("b")
-    lock, held = f"{world.jail}/etc/complement_jail_gpu_placeholders.lock", f"{world.jail}/tmp/k4-held"
-    r = a.run(["sh", "-c", '"$0" -c "$1" "$2" "$3" </dev/null >/dev/null 2>&1 & echo $!',
-               sys.executable, HOLDER, lock, held])
-    assert r.code == 0, r.stderr
-    holder = r.stdout.strip()
-    deadline = time.monotonic() + 30
-    while not os.path.exists(held) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert os.path.exists(held), "the holder never took the lock"
-    r = b.run(["flock", "-n", lock, "true"])
-    assert r.code == 1, (r.code, r.stderr)
-    assert a.run(["kill", "-KILL", holder]).code == 0
+    lock = f"{world.jail}/etc/complement_jail_gpu_placeholders.lock"
+    held, stop = f"{world.jail}/tmp/k4-held", f"{world.jail}/tmp/k4-stop"
+    with ThreadPoolExecutor(1) as pool:   # A's start holds the lock while B tries it
+        holding = pool.submit(a.run, [sys.executable, "-c", HOLDER, lock, held, stop])
+        deadline = time.monotonic() + 30
+        while not os.path.exists(held) and time.monotonic() < deadline and not holding.done():
+            time.sleep(0.005)
+        assert os.path.exists(held), f"the holder never took the lock: {holding.result() if holding.done() else ''}"
+        r = b.run(["flock", "-n", lock, "true"])
+        assert r.code == 1, (r.code, r.stderr)
+        open(stop, "w").close()
+        assert holding.result().code == -signal.SIGKILL, holding.result()
     r = b.run(["flock", "-w", "60", lock, "true"])   # waits for the kernel to release the dead holder's lock
     assert r.code == 0, (r.code, r.stderr)
 

@@ -50,11 +50,32 @@ class RunResult:
     stdout: str
     stderr: str
     duration: float
+    outside: list[dict] = field(default_factory=list)   # what it did outside the jail: [{change, path}]
 
     @property
     def error_line(self) -> str:
         lines = [ln for ln in self.stderr.splitlines() if ln.strip()]
         return lines[-1] if lines else ""
+
+
+def outside_changes(changes: list[dict]) -> list[dict]:
+    """A node's raw copy-on-write findings (cow.py) as created / changed / deleted host paths: the
+    harness sees the real host, so it tells a new file from an edited one."""
+    out = []
+    for c in changes:
+        path, change = c["path"], c["change"]
+        try:
+            host = os.lstat(path)
+        except OSError:
+            host = None
+        if change == "directory":   # a parent copied up to hold a child: a change only if new or altered
+            if host is not None and host.st_mode == c["mode"]:
+                continue
+            change = "changed" if host else "created"
+        elif change in ("written", "replaced"):
+            change = "changed" if host else "created"
+        out.append({"change": change, "path": path})
+    return out
 
 
 @dataclass
@@ -116,6 +137,8 @@ class Node:
                                 "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
         env = {"PATH": path, "HOME": "/root" if os.getuid() == 0 else os.environ.get("HOME", "/"),
                "LANG": "C.UTF-8", "PYTHONPATH": _pythonpath(),
+               # no .pyc written next to the bundled code: that would be a write outside the jail
+               "PYTHONDONTWRITEBYTECODE": "1",
                "GPUJAIL_JAIL": str(self.jail), "GPUJAIL_NODE": self.node_id, "GPUJAIL_ROLE": self.role,
                "NVIDIA_DRIVER_CAPABILITIES": capabilities}
         env.update({k: v for k, v in self.env.items()})
@@ -127,7 +150,7 @@ class Node:
         (default: the start timeout) it is killed with everything it started, code "timeout"."""
         env = env if env is not None else self.contract_env()
         r = self.call("run", argv=argv, env=env, cwd=str(self.jail), timeout=timeout or start_timeout())
-        return RunResult(r["code"], r["stdout"], r["stderr"], r["duration"])
+        return RunResult(r["code"], r["stdout"], r["stderr"], r["duration"], outside_changes(r.get("outside", [])))
 
     def cli(self, *args: str, env: dict | None = None, timeout: float = 60.0) -> RunResult:
         """Run the fake nvidia-container-cli in this node."""

@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 
+from gpujail.backends import cow
 from gpujail.world import history
 from gpujail.world.sysops import MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, RealSys
 
@@ -88,13 +89,18 @@ def enter_namespaces() -> None:
 
 def build_view(cfg: dict) -> None:
     """The node's view of the host and of the jail, in this mount namespace only."""
+    global host_view
     tree, jail = cfg.get("driver_tree"), cfg["jail"]
-    if tree:
-        for top in sorted(os.listdir(tree)):
-            target = "/" + top
-            sysops.mount("overlay", target, "overlay", 0,
-                         f"lowerdir={os.path.join(tree, top)}:{target}")
+    lowers = {os.path.realpath("/" + top): os.path.join(tree, top) for top in sorted(os.listdir(tree))} if tree else {}
     sysops.mount("tmpfs", "/run", "tmpfs", 0, "mode=0755")
+    if cfg.get("cow", True):
+        # The host copy-on-write (cow.py): what a start writes outside the jail is seen, never done.
+        shared = [jail, *(os.path.dirname(cfg["env"][k]) for k in ("GPUJAIL_HISTORY",) if cfg["env"].get(k)),
+                  *(cfg["env"][k] for k in ("GPUJAIL_BARRIERS",) if cfg["env"].get(k))]
+        host_view = cow.cover(shared, lowers)
+        lowers = {p: lower for p, lower in lowers.items() if p not in dict(host_view.layers)}
+    for target, lower in lowers.items():   # driver files at their host paths, read-only
+        sysops.mount("overlay", target, "overlay", 0, f"lowerdir={lower}:{target}")
     _node_dev(cfg)
     if cfg.get("jail_tmpfs"):
         # A small file system under the jail (this node only), holding a copy of the jail: for
@@ -154,6 +160,8 @@ def _node_dev(cfg: dict) -> None:
 
 # -- requests -----------------------------------------------------------------------------------
 
+NODE_LOCAL = ("/dev", "/run")   # the node's own tmpfs trees, compared before and after each start
+host_view: cow.HostView | None = None   # set by build_view; None in a container (the engine's layers)
 OUTPUT_CAP = 256 * 1024   # bytes kept of each output stream (the tail): a chatty script cannot grow the harness
 
 
@@ -201,6 +209,7 @@ def op_run(req: dict) -> dict:
     env, timeout = req["env"], req.get("timeout")
     start = time.monotonic()
     history.record("impl.start", argv=req["argv"])
+    local = cow.snapshot(*NODE_LOCAL)
     try:
         p = subprocess.Popen(req["argv"], cwd=req["cwd"], env=env, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -217,8 +226,11 @@ def op_run(req: dict) -> dict:
     stdout, stderr = out.text(), err.text()
     if code == "timeout":
         stderr += f"timeout after {timeout:g} s: the start and everything it started were killed\n"
+    outside = (host_view.changes() if host_view else []) + cow.compare(local, cow.snapshot(*NODE_LOCAL))
+    if outside:
+        history.record("impl.outside", changes=outside)
     history.record("impl.exit", code=code, duration=duration, stderr=stderr[-2000:])
-    return {"code": code, "stdout": stdout, "stderr": stderr, "duration": duration}
+    return {"code": code, "stdout": stdout, "stderr": stderr, "duration": duration, "outside": outside}
 
 
 def probe_one(jail_path: str, host_path: str | None, load: bool, mountpoints: set[str]) -> dict:

@@ -1,0 +1,167 @@
+"""The host outside the jail, seen copy-on-write by a worker node (SPEC REF-11, INV-3).
+
+How this works
+--------------
+A promise of the contract is that an implementation never creates, changes or deletes anything
+outside the jail. To check it whatever the script does (a write to `/tmp/x`, an edit in place, an
+unlink, a write through `/proc/self/root`), a node sees the host through overlays of its own:
+
+* `cover(shared, lowers)` runs in the node's fresh mount namespace before anything else is built.
+  Every directory at the top of the host's root file system, and every file system mounted below
+  one, gets an overlay mount of itself whose upper directory is on a tmpfs of the node's. The
+  implementation sees the host as it is and may write wherever its rights allow, but every write
+  lands in an upper directory and the host never changes. /proc, /sys, /dev and /run are left
+  alone: /dev and /run are the node's own tmpfs (node.py), watched by `snapshot`.
+  The paths the node must really share (the jail, the run's history and barriers) are bind-mounted
+  back over their overlays, from descriptors opened before the overlays hid them. `lowers` adds a
+  lower layer under a directory (the driver files of the node at their host paths).
+* The tmpfs holding the upper directories is detached from every path once the overlays hold it:
+  only the agent, through a descriptor, reads it, so a script cannot tidy its traces away.
+* `HostView.changes()`, after each start, lists what is new in the upper directories since the
+  last call: a character device 0:0 is overlayfs's whiteout (a deletion), a directory marked opaque
+  was replaced, anything else was written. Directories that were only copied up to hold a child
+  are not changes. `snapshot()` before and after a start gives the same for /dev and /run.
+The harness (kernel.py) tells created from changed by looking at the host.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from gpujail.world.sysops import MNT_DETACH, MS_BIND, MS_REC, RealSys
+
+SKIP = ("/proc", "/sys", "/dev", "/run")
+STAGE = "/run/.gpujail-cow"
+sysops = RealSys()
+
+
+def _mountpoints() -> list[str]:
+    """The mount points of this namespace, each once, parents before children."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            if point not in points:
+                points.append(point)
+    return sorted(points, key=lambda p: (p.count("/"), p))
+
+
+def _covered() -> list[str]:
+    """What gets an overlay: the root file system's top directories, and every mount below them."""
+    tops = [f"/{n}" for n in sorted(os.listdir("/"))
+            if not os.path.islink(f"/{n}") and os.path.isdir(f"/{n}") and f"/{n}" not in SKIP]
+    below = [p for p in _mountpoints()
+             if p != "/" and not p.startswith(tuple(s + "/" for s in SKIP)) and p not in SKIP and p not in tops
+             and os.path.isdir(p)]
+    return tops + below
+
+
+class HostView:
+    """The overlays of one node: (mount point, descriptor of its upper directory)."""
+
+    def __init__(self, layers: list[tuple[str, int]]):
+        self.layers = layers
+        self.seen: set[tuple] = set()
+
+    def changes(self) -> list[dict]:
+        """What the upper directories gained since the last call: [{path, change, mode}]."""
+        found = []
+        for point, fd in self.layers:
+            base = f"/proc/self/fd/{fd}"
+            for dirpath, dirs, files in os.walk(base):
+                for name in dirs + files:
+                    full = os.path.join(dirpath, name)
+                    st = os.lstat(full)
+                    path = os.path.join(point, os.path.relpath(full, base))
+                    if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                        change = "deleted"
+                    elif stat.S_ISDIR(st.st_mode):
+                        change = "replaced" if _opaque(full) else "directory"
+                    else:
+                        change = "written"
+                    key = (path, change, st.st_mode, st.st_size, st.st_mtime_ns)
+                    if key not in self.seen:
+                        self.seen.add(key)
+                        found.append({"path": path, "change": change, "mode": st.st_mode})
+        return found
+
+
+def _opaque(path: str) -> bool:
+    for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        try:
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def cover(shared: list[str], lowers: dict[str, str] | None = None) -> HostView:
+    """Overlay the host (see the module's doc); `shared` paths stay the real ones."""
+    lowers = lowers or {}
+    keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in dict.fromkeys(shared) if os.path.isdir(p)]
+    points = _covered()
+    # Opened before any overlay: once /mnt is overlaid, what is mounted below it is only reachable
+    # through these descriptors.
+    sources = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in points}
+    os.makedirs(STAGE, exist_ok=True)
+    sysops.mount("tmpfs", STAGE, "tmpfs", 0, "mode=0700")
+    userns = os.getuid() != 0 or _in_user_namespace()
+    layers = []
+    for i, point in enumerate(points):
+        upper, work = f"{STAGE}/{i}/upper", f"{STAGE}/{i}/work"
+        os.makedirs(upper)
+        os.makedirs(work)
+        lower = ":".join(filter(None, [lowers.get(point), f"/proc/self/fd/{sources[point]}"]))
+        options = f"lowerdir={lower},upperdir={upper},workdir={work}" + (",userxattr" if userns else "")
+        try:
+            sysops.mount("overlay", point, "overlay", 0, options)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.EPERM, errno.ELOOP, errno.EOPNOTSUPP):
+                raise
+            continue   # a file system overlayfs cannot sit on (another overlay's upper, FUSE): left as is
+        layers.append((point, os.open(upper, os.O_PATH | os.O_DIRECTORY)))
+    for fd in sources.values():
+        os.close(fd)
+    for path, fd in keep:
+        sysops.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.close(fd)
+    sysops.umount(STAGE, MNT_DETACH)
+    os.rmdir(STAGE)
+    return HostView(layers)
+
+
+def _in_user_namespace() -> bool:
+    with open("/proc/self/uid_map") as f:
+        return f.read().split() != ["0", "0", "4294967295"]
+
+
+def snapshot(*roots: str) -> dict[str, tuple]:
+    """path -> (type and mode, size, mtime) of everything under `roots` (the node's /dev and /run:
+    small tmpfs trees), without following links. Device nodes compare by type, mode and device
+    number only (their times move with every write to the host's /dev/null)."""
+    out = {}
+    for root in roots:
+        for dirpath, dirs, files in os.walk(root):
+            for name in dirs + files:
+                full = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(full)
+                except OSError:
+                    continue
+                if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                    out[full] = (st.st_mode, st.st_rdev)
+                elif stat.S_ISDIR(st.st_mode):   # its times move with its entries, reported themselves
+                    out[full] = (st.st_mode,)
+                else:
+                    out[full] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def compare(before: dict[str, tuple], after: dict[str, tuple]) -> list[dict]:
+    """The changes between two snapshots, in the form of `HostView.changes`."""
+    out = [{"path": p, "change": "deleted", "mode": before[p][0]} for p in before if p not in after]
+    out += [{"path": p, "change": "changed" if p in before else "created", "mode": v[0]}
+            for p, v in after.items() if before.get(p) != v]
+    return sorted(out, key=lambda c: c["path"])

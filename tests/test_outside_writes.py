@@ -1,0 +1,51 @@
+"""Nothing outside the jail changes unseen (issue 15; SPEC REF-11, INV-3).
+
+A node sees the host through copy-on-write overlays (gpujail/backends/cow.py): each script below
+does one kind of harm vendors' scripts really do, in a real kernel-backend node, and the harness
+must name the path and the kind of change, while the host stays as it was.
+"""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
+
+
+@pytest.fixture
+def host(tmp_path):
+    """Host files outside the jail that a script may try to harm."""
+    (tmp_path / "victim.txt").write_text("original\n")
+    (tmp_path / "doomed.txt").write_text("keep me\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("script,change,name", [
+    ("mkdir -p {host}/somewhere && echo x > {host}/somewhere/escaped", "created", "somewhere/escaped"),
+    ("echo appended >> {host}/victim.txt", "changed", "victim.txt"),
+    ("rm {host}/doomed.txt", "deleted", "doomed.txt"),
+    ("echo x > /proc/self/root{host}/via-proc-root", "created", "via-proc-root"),
+], ids=["escaping", "edit-in-place", "delete", "proc-self-root"])
+def test_a_write_outside_the_jail_is_seen_and_never_done(fleet, jail, host, script, change, name):
+    node = fleet.start("w")
+    r = node.run(["sh", "-c", script.format(host=host)])
+    assert r.code == 0, r.stderr
+    assert {"change": change, "path": str(host / name)} in r.outside, r.outside
+    assert (host / "victim.txt").read_text() == "original\n" and (host / "doomed.txt").exists()
+    assert not (host / "somewhere").exists() and not (host / "via-proc-root").exists()
+
+
+def test_node_local_dev_and_run_changes_are_seen(fleet, jail):
+    """/dev and /run are the node's own: a start that leaves something there is reported too."""
+    r = fleet.start("w").run(["sh", "-c", "touch /run/left-behind /dev/shm/left-behind"])
+    assert {c["path"] for c in r.outside} == {"/run/left-behind", "/dev/shm/left-behind"}, r.outside
+
+
+def test_writes_in_the_jail_and_the_run_directory_are_not_outside(fleet, jail):
+    """The jail and the run's history are shared for real: writing there is not a finding, and each
+    start reports only its own changes."""
+    node = fleet.start("w")
+    assert node.run(["sh", "-c", f"echo x > {jail}/etc/inside"]).outside == []
+    assert (jail / "etc/inside").read_text() == "x\n"
+    first = node.run(["sh", "-c", "touch /run/one"]).outside
+    assert [c["path"] for c in first] == ["/run/one"]
+    assert node.run(["true"]).outside == []
