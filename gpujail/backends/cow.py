@@ -47,14 +47,19 @@ def _mountpoints() -> list[str]:
     return sorted(points, key=lambda p: (p.count("/"), p))
 
 
-def _covered() -> list[str]:
-    """What gets an overlay: the root file system's top directories, and every mount below them."""
+def _covered(userns: bool) -> list[str]:
+    """What gets an overlay: the root file system's top directories, every mount below them and,
+    in a user namespace, the user's own home and temporary directories. (There a copy-up must give
+    the copy its original owner, which fails with EOVERFLOW for an owner the namespace does not map:
+    a write under a directory of root's is refused, so the host is still never changed, but only
+    an overlay rooted in a directory of the user's own can take, and so name, what a start writes.)"""
     tops = [f"/{n}" for n in sorted(os.listdir("/"))
             if not os.path.islink(f"/{n}") and os.path.isdir(f"/{n}") and f"/{n}" not in SKIP]
-    below = [p for p in _mountpoints()
+    own = [os.environ.get(k) for k in ("HOME", "TMPDIR")] if userns else []
+    below = [p for p in _mountpoints() + [os.path.realpath(p) for p in own if p]
              if p != "/" and not p.startswith(tuple(s + "/" for s in SKIP)) and p not in SKIP and p not in tops
              and os.path.isdir(p)]
-    return tops + below
+    return sorted(dict.fromkeys(tops + below), key=lambda p: (p.count("/"), p))
 
 
 class HostView:
@@ -101,13 +106,13 @@ def cover(shared: list[str], lowers: dict[str, str] | None = None) -> HostView:
     """Overlay the host (see the module's doc); `shared` paths stay the real ones."""
     lowers = lowers or {}
     keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in dict.fromkeys(shared) if os.path.isdir(p)]
-    points = _covered()
+    userns = os.getuid() != 0 or _in_user_namespace()
+    points = _covered(userns)
     # Opened before any overlay: once /mnt is overlaid, what is mounted below it is only reachable
     # through these descriptors.
     sources = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in points}
     os.makedirs(STAGE, exist_ok=True)
     sysops.mount("tmpfs", STAGE, "tmpfs", 0, "mode=0700")
-    userns = os.getuid() != 0 or _in_user_namespace()
     layers = []
     for i, point in enumerate(points):
         upper, work = f"{STAGE}/{i}/upper", f"{STAGE}/{i}/work"
