@@ -64,7 +64,7 @@ def test_command_strings_and_placeholders(jail):
 def test_restart_policy(fleet, jail, tmp_path):
     """An implementation that fails twice then succeeds is restarted in a fresh node each time
     (new mount namespace), with backoff, and reported ready on the third attempt."""
-    counter = tmp_path / "attempts"
+    counter = jail / "tmp/attempts"   # in the jail: a write outside it is never done (cow.py)
     cmd = f"sh -c 'n=$(cat {counter} 2>/dev/null || echo 0); echo $((n+1)) > {counter}; [ $n -ge 2 ]'"
     w = start_worker(fleet, "flaky", cmd, policy=RestartPolicy(max_restarts=3, backoff=0.01))
     assert w.ready and [a.code for a in w.attempts] == [1, 1, 0]
