@@ -49,7 +49,7 @@ PENDING = {"REF-12": "built by issue 17 (real reports: mixed driver versions)"}
 INVARIANTS = {"INV-1": "no lost content", "INV-2": "convergence", "INV-3": "jail hygiene",
               "INV-4": "no lock on warm starts", "INV-5": "honest readiness", "INV-6": "no host residue"}
 
-CONTRACT_VERSION = "1.0"   # CONTRACT.md; changes whenever that page changes meaning
+CONTRACT_VERSION = "1.1"   # CONTRACT.md; changes whenever that page changes meaning
 
 # Paths in the jail the SPEC names (REF-5, REF-8, REF-10).
 LOCK = "etc/complement_jail_gpu_placeholders.lock"
