@@ -15,6 +15,7 @@ import stat
 import pytest
 from gpujail.chaos import checker
 from gpujail.chaos.checker import UNKNOWN, InvariantResult, Violation, check, same_file
+
 from gpujail.spec import EXIT
 
 JAIL = "/srv/jail"
