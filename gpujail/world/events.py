@@ -10,8 +10,10 @@ checker (chaos/checker.py) and the timeline read only what is listed here.
 
 Validation is a self-test tool, off in production runs (a worker start writes dozens of events,
 and the fake CLI starts once per worker start): with `GPUJAIL_VALIDATE_HISTORY=1` in the
-environment, the writer checks every event before writing it and raises `EventError`, which names
-the kind, the field, what was expected and found, and the emitting source line. The self-tests
+environment, the writer checks every event and raises `EventError`, which names the kind, the
+field, what was expected and found, and the emitting source line. It still writes the bad event
+first: where the raising process's failure is swallowed (a worker restarted after its CLI died),
+the history keeps the evidence for `validate_history`. The self-tests
 turn it on for their whole session (tests/conftest.py), and the kernel backend passes it on to the
 implementations and fake CLIs it starts. `validate_history` checks a saved history after the fact
 (envelope included) and returns every problem instead of raising.

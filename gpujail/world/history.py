@@ -12,7 +12,7 @@ simulated processes as threads and gives each thread a `sink` instead (`set_sink
 
 What an event may hold is fixed by gpujail/world/events.py (every kind, its fields and meaning).
 With `GPUJAIL_VALIDATE_HISTORY=1` (the self-tests set it), `record` and `append` check each event
-against that schema before writing it and raise `events.EventError` naming the kind, the field and
+against that schema and, after writing it, raise `events.EventError` naming the kind, the field and
 the emitting source line; without it (production runs) nothing is checked and events.py is not
 even imported.
 """
@@ -40,19 +40,21 @@ def set_sink(sink) -> None:
 def record(kind: str, /, **fields) -> None:
     """Append an event to this process's history (GPUJAIL_HISTORY), if it has one."""
     sink = getattr(_local, "sink", None)
-    if os.environ.get(VALIDATE_ENV):
-        _validate(kind, fields)
+    error = _invalid(kind, fields) if os.environ.get(VALIDATE_ENV) else None
     if sink is not None:
         sink(kind, fields)
-        return
-    _write(os.environ.get(ENV), kind, fields)
+    else:
+        _write(os.environ.get(ENV), kind, fields)
+    if error:
+        raise error
 
 
 def append(path: str | None, kind: str, /, **fields) -> None:
     """Append an event to the history at `path` (the harness names its run's file explicitly)."""
-    if path and os.environ.get(VALIDATE_ENV):
-        _validate(kind, {k: v for k, v in fields.items() if k != "node"})
+    error = _invalid(kind, {k: v for k, v in fields.items() if k != "node"}) if path and os.environ.get(VALIDATE_ENV) else None
     _write(path, kind, fields)
+    if error:
+        raise error
 
 
 def _write(path: str | None, kind: str, fields: dict) -> None:
@@ -73,13 +75,17 @@ def _write(path: str | None, kind: str, fields: dict) -> None:
         os.write(_fd, record)
 
 
-def _validate(kind: str, fields: dict) -> None:
-    """Check an event against the schema; an error names the first caller outside this module."""
+def _invalid(kind: str, fields: dict) -> Exception | None:
+    """What is wrong with an event (naming the first caller outside this module), or None. The
+    writer still writes a bad event before raising: a process whose error is swallowed (a worker
+    restarted after its CLI died of it) leaves it in the history, where `events.validate_history`
+    finds it."""
     from gpujail.world import events
     try:
         events.validate(kind, fields)
     except events.EventError as e:
-        raise events.EventError(e.kind, e.field, e.problem, _emitter()) from None
+        return events.EventError(e.kind, e.field, e.problem, _emitter())
+    return None
 
 
 def _emitter() -> str:
