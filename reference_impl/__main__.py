@@ -55,14 +55,14 @@ def execute(name: str, action: str, ctx: core.Ctx) -> int:
         history.record("impl.begin", impl=name, role=ctx.role, action=action)
         step(ctx)
     except core.Fatal as e:
-        history.record("impl.fatal", impl=name, failure=e.kind, code=e.code, message=str(e))
+        history.record("impl.fatal", impl=name, failure=e.kind, code=e.code, error=str(e))
         print(f"{name}: {e}", file=sys.stderr)
         return e.code
     except failpoints.FailpointSpecError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return core.EXIT["bad-input"]
     except OSError as e:   # e.g. an injected fault: still one line, never a traceback
-        history.record("impl.fatal", impl=name, failure="io-error", code=core.EXIT["io-error"], message=str(e))
+        history.record("impl.fatal", impl=name, failure="io-error", code=core.EXIT["io-error"], error=str(e))
         print(f"{name}: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return core.EXIT["io-error"]
     history.record("impl.ready", impl=name, role=ctx.role, action=action)

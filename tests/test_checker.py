@@ -14,7 +14,9 @@ import stat
 
 import pytest
 from gpujail.chaos import checker
-from gpujail.chaos.checker import UNKNOWN, check, same_file
+from gpujail.chaos.checker import UNKNOWN, InvariantResult, Violation, check, same_file
+
+from gpujail.spec import EXIT
 
 JAIL = "/srv/jail"
 LIB = "usr/lib/x86_64-linux-gnu"
@@ -552,8 +554,30 @@ def test_command_line(tmp_path, capsys):
     assert (tmp_path / "t.html").read_text().count("<svg") == 1
     good = tmp_path / "good.jsonl"
     good.write_text("".join(json.dumps(e) + "\n" for e in good_run().events))
-    assert checker.main([str(good), str(final)]) == 0
-    assert checker.main([str(good)]) == 2
+    assert checker.main([str(good), str(final)]) == EXIT["passed"]
+    assert checker.main([str(good)]) == EXIT["inconclusive"]    # no final state: not a pass, not bad input
+
+
+def test_command_line_bad_input_is_not_unknown(tmp_path, capsys):
+    """Bad input exits 2 (EXIT["bad-input"]), never 4 (a verdict of UNKNOWN), and says where."""
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps(e) + "\n" for e in good_run().events))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(good_run().events[0]) + "\n{not json\n")
+    final = tmp_path / "final.json"
+    final.write_text("[1, 2]")
+    assert checker.main([str(tmp_path / "missing.jsonl")]) == EXIT["bad-input"]
+    assert "cannot read the history" in capsys.readouterr().err
+    assert checker.main([str(broken)]) == EXIT["bad-input"]
+    assert f"{broken}:2: not JSON" in capsys.readouterr().err
+    assert checker.main([str(good), str(final)]) == EXIT["bad-input"]
+    assert "expected a JSON object, found list" in capsys.readouterr().err
+    assert checker.main([str(good), "--no-such-option"]) == EXIT["bad-input"]
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text(json.dumps({"t": 1.0, "node": "A", "pid": 1, "kind": "worker.ready"}) + "\n")
+    assert checker.main([str(odd), "--strict"]) == EXIT["bad-input"]    # attempt is required
+    assert "field 'attempt': missing" in capsys.readouterr().err
+    assert checker.main([str(good), "--strict", str(tmp_path / "nofinal.json")]) == EXIT["bad-input"]
 
 
 @pytest.mark.parametrize("loader,says", [
@@ -563,3 +587,79 @@ def test_command_line(tmp_path, capsys):
     ("ok", None), (None, None)])
 def test_loader_says(loader, says):
     assert checker.loader_says({"loader": loader}) == says
+
+
+# -- checkers compose (Jepsen's check-safe and compose) ----------------------------------------
+
+def test_a_checker_that_raises_is_unknown_for_its_invariant_only():
+    """A broken checker makes its own invariant UNKNOWN, with the exception and where it was
+    raised as the reason; every other invariant is still judged, and a violation found by another
+    still makes the verdict INVALID."""
+    def broken(run):
+        raise KeyError("size")
+    h = History()
+    h.ready_worker(0.0, "A")
+    h.probe(0.06, "A")
+    h.failing_cli(0.3, "B", [NVML])
+    bad = h.probe(0.4, "A", **{NVML: detached()})
+    final = good_final(transient_only=False)
+    verdict = check(h.events, final, checkers={**checker.CHECKERS, "INV-3": broken})
+    r = verdict.results["INV-3"]
+    assert r.valid == UNKNOWN and r.note.startswith("checker raised KeyError: 'size' (at ")
+    assert "in broken" in r.note and "test_checker.py" in r.note
+    assert statuses(verdict) == {"INV-1": "FAIL", "INV-2": "PASS", "INV-3": "UNKNOWN", "INV-4": "PASS",
+                                 "INV-5": "PASS", "INV-6": "PASS"}
+    assert verdict.valid is False and verdict.first_violation is bad
+    # On a good run the same broken checker leaves the verdict UNKNOWN, and says why.
+    good = check(good_run().events, good_final(), checkers={**checker.CHECKERS, "INV-3": broken})
+    assert good.valid == UNKNOWN and good.reason.startswith("INV-3: checker raised KeyError")
+    line = next(ln for ln in good.summary().splitlines() if ln.startswith("  INV-3 "))
+    assert line.split()[3:6] == ["UNKNOWN", "checker", "raised"]
+    assert good.to_dict()["reason"] == good.reason
+
+
+@pytest.mark.parametrize("returned,reason", [
+    (None, "checker returned NoneType, not an InvariantResult"),
+    (InvariantResult("X", "maybe"), "checker returned valid='maybe' (expected True, False or 'unknown')"),
+    (InvariantResult("X", UNKNOWN), "the checker gave no reason")])
+def test_unknown_always_carries_a_reason(returned, reason):
+    verdict = check(good_run().events, good_final(), checkers={"MY-1": lambda run: returned})
+    assert verdict.valid == UNKNOWN and verdict.results["MY-1"].note == reason
+    assert verdict.reason == f"MY-1: {reason}"
+
+
+def test_a_fail_without_violations_gets_one():
+    verdict = check(good_run().events, good_final(), checkers={"MY-1": lambda run: InvariantResult("MY-1", False, "bad")})
+    assert verdict.valid is False and verdict.invariant == "MY-1" and verdict.explanation == "MY-1: bad"
+
+
+def test_a_user_invariant_is_registered_and_judged():
+    """`register` adds an invariant to every later check (here: no worker restarts); its
+    violations are headlines like the built-in ones, and `unregister` removes it."""
+    @checker.register("MY-1", description="no restarts")
+    def no_restarts(run):
+        restarts = run.of("worker.restart")
+        return InvariantResult("MY-1", not restarts, f"{len(restarts)} restarts",
+                               [Violation("MY-1", f"worker {checker.node_of(e)} restarted", e) for e in restarts])
+    try:
+        assert checker.CHECKERS["MY-1"] is no_restarts
+        h = good_run()
+        assert check(h.events, good_final()).results["MY-1"].status == "PASS"
+        restart = h.add(0.7, "B", "worker.restart", pid=9000, attempt=1)
+        verdict = check(h.events, good_final())
+        assert verdict.valid is False and verdict.invariant == "MY-1" and verdict.first_violation is restart
+        line = next(ln for ln in verdict.summary().splitlines() if ln.startswith("  MY-1 "))
+        assert line.split() == ["MY-1", "no", "restarts", "FAIL", "1", "restarts"]
+        assert statuses(verdict)["INV-1"] == "PASS"
+    finally:
+        checker.unregister("MY-1")
+    assert "MY-1" not in check(good_run().events, good_final()).results
+    assert list(checker.CHECKERS) == ["INV-1", "INV-2", "INV-3", "INV-4", "INV-5", "INV-6"]
+
+
+def test_compose_is_a_checker_of_checkers():
+    """compose(checkers)(run) is check() with exactly those checkers; none at all is UNKNOWN."""
+    judge = checker.compose({"INV-1": checker.CHECKERS["INV-1"], "INV-4": checker.CHECKERS["INV-4"]})
+    verdict = judge(checker.Run(good_run().events, good_final()))
+    assert statuses(verdict) == {"INV-1": "PASS", "INV-4": "PASS"} and verdict.valid is True
+    assert checker.compose({})(checker.Run([], None)).valid == UNKNOWN

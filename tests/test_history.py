@@ -1,4 +1,4 @@
-"""Tests for gpujail/history.py: the append-only event history shared by every process of a run."""
+"""Tests for gpujail/world/history.py: the append-only event history shared by every process of a run."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,7 @@ def test_threads_switching_histories_lose_nothing(tmp_path):
         try:
             for k in range(300):
                 path = paths[(n + k) % 2]
-                history.append(path, "probe", node=f"w{n}", path_index=(n + k) % 2)
+                history.append(path, "cli.mkdir", node=f"w{n}", path=str((n + k) % 2))
         except OSError as e:
             errors.append(e)
 
@@ -30,4 +30,4 @@ def test_threads_switching_histories_lose_nothing(tmp_path):
     assert not errors
     for i, path in enumerate(paths):
         events = [json.loads(line) for line in open(path)]
-        assert len(events) == 8 * 150 and {e["path_index"] for e in events} == {i}
+        assert len(events) == 8 * 150 and {e["path"] for e in events} == {str(i)}

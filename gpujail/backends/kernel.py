@@ -27,6 +27,7 @@ from pathlib import Path
 from gpujail import ROOT
 from gpujail.fixtures import BIN, drivers
 from gpujail.spec import start_timeout
+from gpujail.world import history
 
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpujail-node-spawner")
 
@@ -209,6 +210,8 @@ class Fleet:
     def __init__(self, jail: str | os.PathLike, env: dict[str, str] | None = None):
         self.jail = Path(jail)
         self.env = dict(env or {})
+        if os.environ.get(history.VALIDATE_ENV):   # self-tests: the nodes' processes check their events too
+            self.env.setdefault(history.VALIDATE_ENV, os.environ[history.VALIDATE_ENV])
         self.nodes: list[Node] = []
 
     @classmethod
@@ -220,7 +223,6 @@ class Fleet:
                           "GPUJAIL_BARRIERS": str(run_dir / "barriers"), "GPUJAIL_SEED": str(seed)})
 
     def history(self) -> list[dict]:
-        from gpujail.world import history
         return history.load(self.env.get(history.ENV, ""))
 
     def start(self, node_id: str, role: str = "gpu-worker", version: str | None = drivers.DEFAULT_VERSION,

@@ -335,7 +335,7 @@ def main() -> None:
         out.write(json.dumps({"error": f"node setup failed: {e}"}) + "\n")
         out.flush()
         sys.exit(3)
-    history.record("node.up", pid=os.getpid())
+    history.record("node.up")   # the envelope carries the pid
     # /proc is still the host's procfs, so /proc/self names our pid as the host sees it: the
     # harness kills PID 1 by it, which takes down every process of the node at once. (In a
     # container it is the container's own pid; the engine kills containers.)

@@ -9,15 +9,23 @@ local file systems). Timestamps are `CLOCK_MONOTONIC`, which is one clock for al
 machine, so records from different workers order correctly. Without `GPUJAIL_HISTORY`, recording is a
 no-op: the fake CLI and `reference` run unchanged outside the harness. The model backend runs
 simulated processes as threads and gives each thread a `sink` instead (`set_sink`).
+
+What an event may hold is fixed by gpujail/world/events.py (every kind, its fields and meaning).
+With `GPUJAIL_VALIDATE_HISTORY=1` (the self-tests set it), `record` and `append` check each event
+against that schema and, after writing it, raise `events.EventError` naming the kind, the field and
+the emitting source line; without it (production runs) nothing is checked and events.py is not
+even imported.
 """
 from __future__ import annotations
 
 import _thread  # the lock without `threading`'s import cost (every worker start imports this module)
 import json
 import os
+import sys
 import time
 
 ENV = "GPUJAIL_HISTORY"
+VALIDATE_ENV = "GPUJAIL_VALIDATE_HISTORY"   # events.VALIDATE_ENV, without importing events.py
 _fd: int | None = None
 _path: str | None = None
 _lock = _thread.allocate_lock()
@@ -32,14 +40,24 @@ def set_sink(sink) -> None:
 def record(kind: str, /, **fields) -> None:
     """Append an event to this process's history (GPUJAIL_HISTORY), if it has one."""
     sink = getattr(_local, "sink", None)
+    error = _invalid(kind, fields) if os.environ.get(VALIDATE_ENV) else None
     if sink is not None:
         sink(kind, fields)
-        return
-    append(os.environ.get(ENV), kind, **fields)
+    else:
+        _write(os.environ.get(ENV), kind, fields)
+    if error:
+        raise error
 
 
 def append(path: str | None, kind: str, /, **fields) -> None:
     """Append an event to the history at `path` (the harness names its run's file explicitly)."""
+    error = _invalid(kind, {k: v for k, v in fields.items() if k != "node"}) if path and os.environ.get(VALIDATE_ENV) else None
+    _write(path, kind, fields)
+    if error:
+        raise error
+
+
+def _write(path: str | None, kind: str, fields: dict) -> None:
     global _fd, _path
     if not path:
         return
@@ -55,6 +73,32 @@ def append(path: str | None, kind: str, /, **fields) -> None:
                 os.close(_fd)
             _fd, _path = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644), path
         os.write(_fd, record)
+
+
+def _invalid(kind: str, fields: dict) -> Exception | None:
+    """What is wrong with an event (naming the first caller outside this module), or None. The
+    writer still writes a bad event before raising: a process whose error is swallowed (a worker
+    restarted after its CLI died of it) leaves it in the history, where `events.validate_history`
+    finds it."""
+    from gpujail.world import events
+    try:
+        events.validate(kind, fields)
+    except events.EventError as e:
+        return events.EventError(e.kind, e.field, e.problem, _emitter())
+    return None
+
+
+def _emitter() -> str:
+    """`path:line in function` of the code that emitted the event (and of its caller, when the
+    emitter is a small local helper such as the harness's `log`)."""
+    frame, places = sys._getframe(1), []
+    while frame is not None and len(places) < 2:
+        if frame.f_code.co_filename != __file__:
+            places.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+            if frame.f_code.co_name not in ("log", "<lambda>"):
+                break
+        frame = frame.f_back
+    return ", called from ".join(places)
 
 
 def select(events: list[dict], kind: str, **match) -> list[dict]:
