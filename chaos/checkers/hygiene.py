@@ -9,7 +9,8 @@ link)) may differ only by placeholders (regular files under 64 bytes named `lib*
 pre-existing placeholder or the flag is also a "difference by placeholders" (populate-jail cleanup
 does it on purpose; the damage it does when a CLI does it is INV-1's business).
 `final_state["outside_changes"]` must be empty, and so must every `impl.outside` event
-(what a start wrote outside the jail, seen through its node's copy-on-write view of the host). Each unexpected change names the last `cli.*` or
+(what a start wrote outside the jail, seen through its node's copy-on-write view of the host).
+Each unexpected change names the last `cli.*` or
 `impl.*` event that touched its path, with the earlier ones as its chain.
 """
 from __future__ import annotations
