@@ -187,7 +187,7 @@ def test_direct_undo_survives_its_own_mount_detached_by_a_populate_cleanup():
 
 def test_the_model_writes_the_kernel_backends_history():
     """One history for every backend: the workers' lives, the implementation's and the CLI's events,
-    probes of ready workers (at readiness, after each removal, at the end), judged by the checker."""
+    probes of ready workers (at readiness and after each removal), judged by the checker."""
     outcome = explore.simulate("legacy", {"schedule": [], "faults": {1: explore.fault("cli.before_mount", 2,
                                                                                         "return(EIO)")}, "crashes": {}})
     events = outcome.world.history

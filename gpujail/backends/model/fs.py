@@ -223,14 +223,6 @@ class ModelFS:
         except OSError:
             return None
 
-    def mounted(self, ns: Namespace, path: str) -> bool:
-        """Is what `path` resolves to in `ns` a mount point there (a probe's `attached`)?"""
-        try:
-            w = self.walk(ns, path)
-        except OSError:
-            return False
-        return w.parent is not None and ns.top((w.parent.ino, w.name)) is not None
-
     # -- changes -----------------------------------------------------------------------------------
     def changing(self, node: Inode, path: str, readonly: bool) -> None:
         if readonly:

@@ -15,8 +15,8 @@ The model only *records*. It writes the history the kernel backend writes (gpuja
 CLI's `cli.*`, `failpoint`, `probe`, `chaos.end`), with virtual time (one millisecond per step or
 event) and `final_state()` as the chaos runner gives it. Whoever runs a World judges it with the
 chaos checker (chaos/explore.py does). The model's probes are finer than the kernel's: a probe
-round of every ready worker when it reports ready (INV-5), after every step that removed something
-(only a removal can take a file from a worker that is already ready, INV-1), and at the end.
+round of every ready worker when it reports ready (INV-5) and after every step that removed something
+(only a removal can take a file from a worker that is already ready, INV-1), the last one included.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ Entry = Callable[[object, Mapping[str, str]], int]   # (a Sys, the contract envi
 
 _CONTENT: dict[tuple[str, str], bytes] = {}
 _IMAGE: dict | None = None
+_FILES: dict[tuple[str, str], list[dict]] = {}
 
 
 def build(version: str, driver: tuple[str, ...] | None) -> ModelFS:
@@ -116,7 +117,9 @@ class World(Simulation):
         self.tick = -1   # chaos.begin at t=0: the checker's times (since the first event) are the trace's steps
         self.error: BaseException | None = None
         # What a GPU job on a ready worker reads (the probe requests of the kernel backend).
-        self.files = [f for f in gpu_files(JAIL, version, capabilities) if f["host"] in self.fs.driver]
+        if (version, capabilities) not in _FILES:
+            _FILES[version, capabilities] = gpu_files(JAIL, version, capabilities)
+        self.files = [f for f in _FILES[version, capabilities] if f["host"] in self.fs.driver]
 
     @classmethod
     def sandbox(cls, fs: ModelFS, namespaces: int = 2) -> list[ModelSys]:
@@ -156,7 +159,8 @@ class World(Simulation):
             sys.stdout, sys.stderr = streams
         if self.error is not None:
             raise self.error
-        self.probe_ready()
+        if self.dirty:   # the last step removed something: what do the ready workers see now?
+            self.settle()
         self.record("chaos.end", "host")
         return self
 
@@ -250,14 +254,18 @@ class World(Simulation):
         """What a GPU job on `w` sees at each of its files, as gpujail/backends/node.py's probe says it."""
         results = []
         for f in self.files:
-            node = self.fs.lookup(w.ns, f["path"])
-            r: dict = {"path": f["path"], "attached": self.fs.mounted(w.ns, f["path"])}
+            try:
+                walk = self.fs.walk(w.ns, f["path"])
+            except OSError:
+                walk = None
+            node = walk.node if walk else None
+            attached = walk is not None and walk.parent is not None and w.ns.top((walk.parent.ino, walk.name)) is not None
+            r: dict = {"path": f["path"], "attached": attached}
             if node is None or node.children is not None:
                 r["size"], r["error"] = None, "No such file or directory" if node is None else "Is a directory"
             else:
-                r["size"] = len(node.data)
                 host = self.fs.lookup(w.ns, f["host"])
-                r["same_bytes"] = host is not None and (node is host or node.data == host.data)
+                r["size"], r["same_bytes"] = len(node.data), host is not None and (node is host or node.data == host.data)
             if f.get("load"):
                 r["loader"] = "ok" if _loads(node) else f"{f['path']}: {loader_view(node)}"
             results.append(r)
