@@ -2,18 +2,23 @@
 
 How this works
 --------------
-A *plan* is everything one simulation (gpujail/model.py `World`) needs besides the implementation:
+A *plan* is everything one simulation (gpujail/backends/model `World`) needs besides the
+implementation:
 
-* `schedule`: runs of `(worker, steps)` (see `model.Scheduler`); when they are used up, each worker
-  runs to its end in turn, so the empty schedule is "one worker after the other";
+* `schedule`: runs of `(worker, steps)` (see the model's `Scheduler`); when they are used up, each
+  worker runs to its end in turn, so the empty schedule is "one worker after the other";
 * `faults`: per worker, one failpoint term for its first attempt: the N-th hit of a failpoint
   returns EIO, or SIGKILLs that process (a CLI killed mid-mount leaves its mounts and placeholders);
-* `crashes`: per worker, its implementation SIGKILLed before its N-th file-system step.
+* `crashes`: per worker, its first attempt SIGKILLed before its N-th file-system step.
 
-`plans()` is the Hypothesis strategy over plans. Shrinking goes towards fewer runs, fewer faults and
-earlier hits: the shortest story that still breaks an invariant. `find_violation` returns that story
-(for `legacy`, the seed bug); Hypothesis keeps failing plans in its example database, and a printed
-plan replays exactly: `python -m gpujail.chaos.explore replay legacy '<plan>'`.
+`simulate` runs a plan with a bundled implementation (`in_process`) and judges the history the
+model wrote with the chaos checker, the one every backend's runs are judged by: an `Outcome`. A
+plan *breaks an invariant* when the checker fails one. `plans()` is the Hypothesis strategy over
+plans. Shrinking goes towards fewer runs, fewer faults and earlier hits: the shortest story that
+still breaks an invariant. `find_violation` returns that story (for `legacy`, the seed bug);
+Hypothesis keeps failing plans in its example database, and a printed plan replays exactly:
+`python -m gpujail.chaos.explore replay legacy '<plan>'`. Why plans and not a
+`RuleBasedStateMachine`: docs/model.md.
 """
 from __future__ import annotations
 
@@ -23,7 +28,10 @@ import math
 import random
 import sys
 import time
+from dataclasses import dataclass
 
+from gpujail.chaos import checker
+from gpujail.reference_impl import in_process
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
@@ -58,8 +66,44 @@ def size(plan: dict) -> int:
     return len(plan["schedule"]) + len(plan["faults"]) + len(plan["crashes"])
 
 
-def simulate(impl: str, plan: dict, workers: int = 2, driver=SMALL_DRIVER) -> World:
-    return World(impl, workers, driver, schedule=plan["schedule"], faults=plan["faults"], crashes=plan["crashes"]).run()
+EMPTY = {"schedule": [], "faults": {}, "crashes": {}}   # one worker after the other, no fault
+
+
+@dataclass
+class Outcome:
+    """One simulated run and the checker's verdict on its history."""
+    impl: str
+    plan: dict
+    world: World
+    verdict: checker.Verdict
+
+    @property
+    def violations(self) -> list[checker.Violation]:
+        """The violations of every invariant the checker failed, the earliest first."""
+        return [v for v in self.verdict.violations() if self.verdict.results[v.invariant].valid is False]
+
+    def report(self, full: bool = False) -> str:
+        """The model's trace, then each violation at the step of its event."""
+        end = self.world.tick
+        lines = [f"{round(v.event['t'] * 1000) if v.event else end:5}  VIOLATION {v.invariant}: {v.explanation}"
+                 for v in self.violations]
+        return "\n".join([self.world.report(full), *lines])
+
+
+def entry_for(impl: str):
+    """The bundled implementation `impl` as the model runs it (a command string cannot run there)."""
+    entry = in_process(impl)
+    if entry is None:
+        raise ValueError(f"{impl!r} is not a bundled Python implementation (reference, legacy, direct, "
+                         "mutant:NAME): the model backend runs those in-process only")
+    return entry
+
+
+def simulate(impl: str, plan: dict, workers: int = 2, driver=SMALL_DRIVER, **world) -> Outcome:
+    """Run `plan` with `impl` on the model and judge its history with the chaos checker."""
+    w = World(entry_for(impl), workers, driver, schedule=plan["schedule"], faults=plan["faults"],
+              crashes=plan["crashes"], impl=impl, **world).run()
+    return Outcome(impl, plan, w, checker.check(w.history, w.final_state()))
 
 
 class Exploration:
@@ -71,19 +115,19 @@ class Exploration:
         self.interleavings: set[tuple[int, ...]] = set()
         self.seconds = 0.0
 
-    def __call__(self, plan: dict) -> World:
+    def __call__(self, plan: dict) -> Outcome:
         t = time.perf_counter()
-        world = simulate(self.impl, plan, self.workers, self.driver)
+        outcome = simulate(self.impl, plan, self.workers, self.driver)
         self.seconds += time.perf_counter() - t
         self.examples += 1
-        self.steps += len(world.order)
-        self.interleavings.add(tuple(world.order))
-        return world
+        self.steps += len(outcome.world.order)
+        self.interleavings.add(tuple(outcome.world.order))
+        return outcome
 
     def total_interleavings(self) -> int:
         """Interleavings of the fault-free, one-after-the-other run's steps: (n1 + ... + nk)! / (n1! ... nk!)."""
-        world = simulate(self.impl, {"schedule": [], "faults": {}, "crashes": {}}, self.workers, self.driver)
-        counts = [world.order.count(i) for i in range(self.workers)]
+        order = simulate(self.impl, EMPTY, self.workers, self.driver).world.order
+        counts = [order.count(i) for i in range(self.workers)]
         total = math.factorial(sum(counts))
         for c in counts:
             total //= math.factorial(c)
@@ -113,10 +157,10 @@ def explore_settings(max_examples: int) -> settings:
     return settings(**SETTINGS, max_examples=max_examples, phases=phases)
 
 
-def describe(impl: str, plan: dict, world: World, full: bool = False) -> str:
-    """A failing plan as a person reads it: the plan (replayable), then the trace."""
-    return (f"{impl}: {len(world.violations)} violation(s) with plan (size {size(plan)}):\n"
-            f"  {json.dumps(plan)}\n\n{world.report(full)}")
+def describe(outcome: Outcome, full: bool = False) -> str:
+    """A failing plan as a person reads it: the plan (replayable), the verdict, then the trace."""
+    return (f"{outcome.impl}: {len(outcome.violations)} violation(s) with plan (size {size(outcome.plan)}):\n"
+            f"  {json.dumps(outcome.plan)}\n\n{outcome.verdict.summary()}\n\n{outcome.report(full)}")
 
 
 def _plan(text: str) -> dict:
@@ -147,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, AttributeError, TypeError) as err:
             print(f"explore: plan is not a JSON plan object: {err}", file=sys.stderr)
             return 2
-        world = simulate(args.impl, plan, args.workers, driver)
-        print(describe(args.impl, plan, world, args.full) if world.violations else f"{args.impl}: no violation")
-        return 1 if world.violations else 0
+        outcome = simulate(args.impl, plan, args.workers, driver)
+        print(describe(outcome, args.full) if outcome.violations else f"{args.impl}: no violation")
+        return 1 if outcome.violations else 0
     t = time.perf_counter()
     plan, exploration = find_violation(args.impl, args.workers, driver, args.seed, args.max_examples)
     took = time.perf_counter() - t
@@ -158,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan is None:
         print(f"{args.impl}: no violation found")
         return 0
-    print(describe(args.impl, plan, simulate(args.impl, plan, args.workers, driver), args.full))
+    print(describe(simulate(args.impl, plan, args.workers, driver), args.full))
     return 1
 
 

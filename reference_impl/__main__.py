@@ -1,10 +1,16 @@
 """`python -m gpujail.reference_impl NAME [ACTION]`: run a bundled implementation under the SPEC section 5
 contract (GPUJAIL_JAIL, GPUJAIL_NODE, GPUJAIL_ROLE, NVIDIA_DRIVER_CAPABILITIES from the
 environment). ACTION defaults to the role's start procedure; `populate-cleanup` runs the
-populate-jail cleanup of a reused jail. Exit codes: reference_impl.core.EXIT."""
+populate-jail cleanup of a reused jail. Exit codes: reference_impl.core.EXIT.
+
+The same start runs in-process on the model backend: `in_process(NAME)` (gpujail.reference_impl)
+gives it as `entry(sys, env) -> exit code`, with the model's Sys and the worker's contract
+environment instead of this process's.
+"""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 from gpujail.reference_impl import core, direct, legacy, reference
 
@@ -15,33 +21,43 @@ IMPLEMENTATIONS = {"reference": reference, "legacy": legacy, "direct": direct}
 USAGE = "usage: python -m gpujail.reference_impl {reference|legacy|direct|mutant:NAME} [start|populate-cleanup]"
 
 
+def implementation(name: str):
+    """The steps (gpu_worker, cpu_worker, populate_cleanup) of bundled implementation `name`, and
+    the name its events carry; None if `name` is not one. A mutant is built fresh for each start
+    (reference_impl/mutants.py): nothing shared is changed. KeyError: an unknown mutant."""
+    if name.startswith("mutant:"):
+        from gpujail.reference_impl import mutants  # not on a plain start's path (start-up cost)
+        return mutants.build(name.split(":", 1)[1]), "reference"
+    return (IMPLEMENTATIONS[name], name) if name in IMPLEMENTATIONS else None
+
+
 def main(argv: list[str]) -> int:
-    if argv and argv[0].startswith("mutant:"):
-        from gpujail.reference_impl import mutants
-        try:
-            mutants.apply(argv[0].split(":", 1)[1])
-        except KeyError as e:
-            print(f"reference_impl: {e.args[0]}", file=sys.stderr)
-            return core.EXIT["bad-input"]
-        argv = ["reference", *argv[1:]]
-    if not argv or argv[0] not in IMPLEMENTATIONS or len(argv) > 2 or (argv[1:] or ["start"])[0] not in (
-            "start", "populate-cleanup"):
+    try:
+        found = implementation(argv[0]) if argv else None
+    except KeyError as e:
+        print(f"reference_impl: {e.args[0]}", file=sys.stderr)
+        return core.EXIT["bad-input"]
+    if found is None or len(argv) > 2 or (argv[1:] or ["start"])[0] not in ("start", "populate-cleanup"):
         print(USAGE, file=sys.stderr)
         return core.EXIT["bad-input"]
-    name, action = argv[0], (argv[1:] or ["start"])[0]
+    return start(found, RealSys(), None, (argv[1:] or ["start"])[0])
+
+
+def start(found, sysops, environ: Mapping[str, str] | None, action: str = "start") -> int:
+    """One start of an implementation (as `implementation` found it) on `sysops`, with the contract
+    environment `environ` (None: this process's)."""
+    impl, name = found
     try:
-        ctx = core.Ctx.from_env(RealSys(), name)
+        ctx = core.Ctx.from_env(sysops, name, environ)
     except ValueError:
         print(f"{name}: GPUJAIL_LOCK_TIMEOUT: not a number of seconds", file=sys.stderr)
         return core.EXIT["bad-input"]
-    return execute(name, action, ctx)
+    return execute(impl, name, action, ctx)
 
 
-def execute(name: str, action: str, ctx: core.Ctx) -> int:
-    """Run one bundled implementation's `action` for `ctx`: exit code, one line on stderr on failure.
-    The kernel and docker backends reach it through main(); the model backend calls it in-process."""
-    impl = IMPLEMENTATIONS[name]
-    ctx = core.prepare(ctx)
+def execute(impl, name: str, action: str, ctx: core.Ctx) -> int:
+    """Run one implementation's `action` for `ctx`: exit code, one line on stderr on failure."""
+    ctx = getattr(impl, "prepare", core.prepare)(ctx)
     try:
         if action == "populate-cleanup":
             step = impl.populate_cleanup
@@ -67,6 +83,7 @@ def execute(name: str, action: str, ctx: core.Ctx) -> int:
         return core.EXIT["io-error"]
     history.record("impl.ready", impl=name, role=ctx.role, action=action)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -59,12 +59,15 @@ class Ctx:
     name: str = "reference"
 
     @classmethod
-    def from_env(cls, sysops, name: str) -> Ctx:
-        jail = os.environ.get("GPUJAIL_JAIL") or os.getcwd()
-        return cls(sysops, os.path.abspath(jail), os.environ.get("GPUJAIL_NODE", "?"),
-                   os.environ.get("GPUJAIL_ROLE", "gpu-worker"),
-                   os.environ.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
-                   lock_timeout=float(os.environ.get("GPUJAIL_LOCK_TIMEOUT", "120")), name=name)
+    def from_env(cls, sysops, name: str, environ=None) -> Ctx:
+        """From the contract's environment (`environ`, default this process's: the model backend
+        passes each simulated worker's own)."""
+        env = os.environ if environ is None else environ
+        jail = env.get("GPUJAIL_JAIL") or os.getcwd()
+        return cls(sysops, os.path.abspath(jail), env.get("GPUJAIL_NODE", "?"),
+                   env.get("GPUJAIL_ROLE", "gpu-worker"),
+                   env.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+                   lock_timeout=float(env.get("GPUJAIL_LOCK_TIMEOUT", "120")), name=name)
 
     def cli_flags(self) -> list[str]:
         """NVIDIA_DRIVER_CAPABILITIES (e.g. "compute,utility" or "all") as configure flags."""
@@ -78,8 +81,8 @@ class Ctx:
 
 
 def prepare(ctx: Ctx) -> Ctx:
-    """The context a start runs with. The identity here; the one place a mutant (reference_impl/
-    mutants.py) changes it, so the same change applies on every backend, the model's included."""
+    """The context a start runs with. The identity here; where a mutant (reference_impl/mutants.py,
+    in its private copy of this module) changes the context, e.g. its Sys or its lock timeout."""
     return ctx
 
 

@@ -2,35 +2,41 @@
 
 How this works
 --------------
-`python -m gpujail.reference_impl mutant:NAME` applies one mutation to reference_impl.core (replacing one
-function, class or constant, usually by a wrapper around the original) and then runs `reference`.
-Each entry of `MUTANTS` is (the mistake in one line, the function that applies it). The suite is
-only as strong as the mistakes it catches: `python -m gpujail.conformance.killmatrix` runs the conformance
-and chaos suites against every mutant and lists which tests kill it; a mutant no test kills is a
-hole in the suite.
+`python -m gpujail.reference_impl mutant:NAME` (or `in_process("mutant:NAME")` on the model backend)
+starts `reference` with one mutation. `build(NAME)` makes a *private copy* of reference_impl/core.py
+for that one start, applies the mutation to the copy (replacing one function, class or constant,
+usually by a wrapper around the original, or changing the start's context through the copy's
+`prepare`, the seam for a different Sys or lock timeout) and returns reference's steps bound to
+the copy. Nothing shared is changed: the real modules stay as they are, so mutants can run side by
+side in one process (the model's simulated workers) and nobody has to restore anything. Each
+entry of `MUTANTS` is (the mistake in one line, the function that applies it to a copy).
 
-Mutants change only the process they run in (a worker start), never the files of this package.
+The suite is only as strong as the mistakes it catches: `python -m gpujail.conformance.killmatrix`
+runs the conformance and chaos suites against every mutant and lists which tests kill it; a mutant
+no test kills is a hole in the suite.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import types
 from unittest import mock
 
-from gpujail.reference_impl import core
+from gpujail.reference_impl import core as shared_core
+from gpujail.reference_impl import legacy, reference
 
 from gpujail.world import history
 
 
-def _wrap(name: str, wrapper) -> None:
-    """Replace core.NAME by wrapper(original core.NAME)."""
+def _wrap(core, name: str, wrapper) -> None:
+    """Replace core.NAME by wrapper(original core.NAME), in the copy `core`."""
     setattr(core, name, wrapper(getattr(core, name)))
 
 
-def _on_ctx(change) -> None:
-    """Every start's Ctx goes through change(ctx) first (core.prepare: on every backend)."""
+def _on_ctx(core, change) -> None:
+    """The start's Ctx goes through change(ctx) first (the copy's prepare, the context seam)."""
     prepare = core.prepare
     core.prepare = lambda ctx: change(prepare(ctx))
 
@@ -44,39 +50,39 @@ def _unlink_placeholders(ctx, rels) -> None:
 
 # -- markers ----------------------------------------------------------------------------------
 
-def _zero_byte_markers():
+def _zero_byte_markers(core):
     core.MARKER = b""
 
 
-def _big_markers():
+def _big_markers(core):
     core.MARKER = b"nvidia placeholder: nvidia-container-cli bind-mounts the driver file here\n"
 
 
-def _host_mode_not_copied():
+def _host_mode_not_copied(core):
     # Only create_markers uses stat.S_IMODE: every marker gets 0644 whatever the host file's mode.
     fixed = {**{k: getattr(core.stat, k) for k in dir(core.stat) if k.startswith("S_")}, "S_IMODE": lambda mode: 0o644}
     core.stat = types.SimpleNamespace(**fixed)
 
 
-def _recreate_markers():
+def _recreate_markers(core):
     """Under the lock, 'refresh' every placeholder (unlink + write) instead of re-checking."""
     def recreating(create_markers):
         def create(ctx, todo):
             _unlink_placeholders(ctx, [rel for _, rel in todo])
             return create_markers(ctx, todo)
         return create
-    _wrap("create_markers", recreating)
+    _wrap(core, "create_markers", recreating)
     # ...and do it on every start, not only cold ones
     core.missing = lambda ctx, pairs: [(h, t) for h, t in pairs if not t.startswith(("dev/", "run/"))]
 
 
 # -- the lock ---------------------------------------------------------------------------------
 
-def _no_lock():
+def _no_lock(core):
     core.JailLock = lambda ctx, rel=core.LOCK: contextlib.nullcontext()
 
 
-def _no_recheck():
+def _no_recheck(core):
     def unchecked(create_markers):
         def create(ctx, todo):
             # The re-check under the lock looks, but is told every target it saw missing still is.
@@ -85,17 +91,17 @@ def _no_recheck():
             with mock.patch.object(core, "_stat_beneath", blind):
                 return create_markers(ctx, todo)
         return create
-    _wrap("create_markers", unchecked)
+    _wrap(core, "create_markers", unchecked)
 
 
-def _node_local_lock():
+def _node_local_lock(core):
     class NodeLocalLock(core.JailLock):
         def __init__(self, ctx, rel=core.LOCK):
             super().__init__(dataclasses.replace(ctx, jail="/run"), os.path.basename(rel))
     core.JailLock = NodeLocalLock
 
 
-def _mkdir_lock():
+def _mkdir_lock(core):
     """A lock directory instead of flock: it outlives a killed holder (no K-4)."""
     class MkdirLock(core.JailLock):
         def __enter__(self):
@@ -117,13 +123,13 @@ def _mkdir_lock():
     core.JailLock = MkdirLock
 
 
-def _unbounded_lock_wait():
-    _on_ctx(lambda ctx: dataclasses.replace(ctx, lock_timeout=None))
+def _unbounded_lock_wait(core):
+    _on_ctx(core, lambda ctx: dataclasses.replace(ctx, lock_timeout=None))
 
 
 # -- the CLI and verification -----------------------------------------------------------------
 
-def _retry_in_process():
+def _retry_in_process(core):
     def retrying(run_configure):
         def run(ctx):
             for attempt in range(3):
@@ -133,10 +139,10 @@ def _retry_in_process():
                     if attempt == 2:
                         raise
         return run
-    _wrap("run_configure", retrying)
+    _wrap(core, "run_configure", retrying)
 
 
-def _cleanup_on_failure():
+def _cleanup_on_failure(core):
     """On a failed configure, remove the placeholders 'to leave the jail clean'."""
     def cleaning(run_configure):
         def run(ctx):
@@ -146,32 +152,32 @@ def _cleanup_on_failure():
                 _unlink_placeholders(ctx, core.placeholders(ctx))
                 raise
         return run
-    _wrap("run_configure", cleaning)
+    _wrap(core, "run_configure", cleaning)
 
 
-def _verify_existence():
-    _wrap("verify", lambda verify: lambda ctx, before: verify(ctx, before, min_size=-1))
+def _verify_existence(core):
+    _wrap(core, "verify", lambda verify: lambda ctx, before: verify(ctx, before, min_size=-1))
 
 
-def _exit_code_only():
+def _exit_code_only(core):
     core.verify = lambda ctx, before: []
 
 
-def _no_verify():
+def _no_verify(core):
     def ignoring(run_configure):
         def run(ctx):
             with contextlib.suppress(core.Fatal):
                 run_configure(ctx)
         return run
-    _wrap("run_configure", ignoring)
+    _wrap(core, "run_configure", ignoring)
     core.verify = lambda ctx, before: []
 
 
-def _no_soname_check():
+def _no_soname_check(core):
     core.ensure_soname = lambda ctx, mounted: None
 
 
-def _soname_no_repair():
+def _soname_no_repair(core):
     def without_ldconfig(ensure_soname):
         def ensure(ctx, mounted):
             run = ctx.sys.run
@@ -179,20 +185,20 @@ def _soname_no_repair():
             with mock.patch.object(ctx.sys, "run", skip):
                 ensure_soname(ctx, mounted)
         return ensure
-    _wrap("ensure_soname", without_ldconfig)
+    _wrap(core, "ensure_soname", without_ldconfig)
 
 
 # -- the placeholder predicate (REF-9) ----------------------------------------------------------
 
-def _predicate_so_star():
+def _predicate_so_star(core):
     core.PLACEHOLDER_NAME = "*.so*"
 
 
-def _predicate_no_size():
+def _predicate_no_size(core):
     core.PLACEHOLDER_MAX = float("inf")
 
 
-def _predicate_follows_symlinks():
+def _predicate_follows_symlinks(core):
     core._lstat_in_jail = core._stat_beneath
 
 
@@ -212,15 +218,13 @@ class _OnTheHost:
         return lambda root, rel, *rest: real("/", os.path.join(root, rel).lstrip("/"), *rest)
 
 
-def _escapes_jail():
+def _escapes_jail(core):
     core.stays_inside = lambda ctx, root, rel: None
-    _on_ctx(lambda ctx: dataclasses.replace(ctx, sys=_OnTheHost(ctx.sys)))
+    _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=_OnTheHost(ctx.sys)))
 
 
-def _legacy():
-    from gpujail.reference_impl import legacy, reference
-    for step in ("gpu_worker", "cpu_worker", "populate_cleanup"):
-        setattr(reference, step, getattr(legacy, step))
+def _legacy(core):
+    return legacy   # legacy's steps instead of reference's
 
 
 MUTANTS = {
@@ -252,7 +256,28 @@ MUTANTS = {
 }
 
 
-def apply(name: str) -> None:
+def build(name: str) -> types.SimpleNamespace:
+    """Reference's steps (or those a mutation names instead) bound to a private copy of core.py with
+    mutant `name` applied, and that copy's `prepare`: one start's implementation."""
     if name not in MUTANTS:
         raise KeyError(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
-    MUTANTS[name][1]()
+    core = _private_core()
+    steps = MUTANTS[name][1](core) or reference
+    return types.SimpleNamespace(prepare=core.prepare, **{
+        step: _bound(getattr(steps, step), core) for step in ("gpu_worker", "cpu_worker", "populate_cleanup")})
+
+
+def _private_core() -> types.ModuleType:
+    """A fresh copy of core.py (not in sys.modules). Its failures are the shared core's `Fatal` and
+    its context the shared `Ctx`, so the runner and the other modules see the ones they know."""
+    spec = importlib.util.find_spec(shared_core.__name__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    copy.Fatal, copy.Ctx = shared_core.Fatal, shared_core.Ctx
+    return copy
+
+
+def _bound(step, core) -> types.FunctionType:
+    """`step` (a function of reference.py, legacy.py or direct.py) seeing `core` as its core module."""
+    return types.FunctionType(step.__code__, {**step.__globals__, "core": core}, step.__name__,
+                              step.__defaults__, step.__closure__)

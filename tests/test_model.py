@@ -1,6 +1,7 @@
-"""The model backend (gpujail/model.py) and its exploration (gpujail/explore.py): the kernel rules it
-models, determinism, and that Hypothesis finds and shrinks the seed bug in `legacy` and in mutants,
-and nothing in `reference` and `direct`. No privileges needed."""
+"""The model backend (gpujail/backends/model) and its exploration (chaos/explore.py): the kernel rules
+it models, determinism, the history it writes for the chaos checker, and that Hypothesis finds and
+shrinks the seed bug in `legacy` and in mutants, and nothing in `reference` and `direct`. No
+privileges needed."""
 from __future__ import annotations
 
 import errno
@@ -8,11 +9,13 @@ import stat
 
 import pytest
 from gpujail.chaos import explore
+from gpujail.reference_impl import in_process
 
 from gpujail.backends.model import JAIL, ModelFS, World, loader_view
+from gpujail.world import history
 
 LIB = "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
-EMPTY = {"schedule": [], "faults": {}, "crashes": {}}
+EMPTY = explore.EMPTY
 
 
 def tiny_fs() -> ModelFS:
@@ -64,35 +67,38 @@ def test_a_plan_replays_exactly():
     plan = {"schedule": [(1, 7), (0, 30), (1, 100)], "faults": {0: explore.fault("cli.after_mount", 2, "kill")},
             "crashes": {}}
     one, two = (explore.simulate("reference", plan) for _ in range(2))
-    assert [(s.worker, s.op, s.detail, s.error) for s in one.trace] == [(s.worker, s.op, s.detail, s.error) for s in two.trace]
-    assert one.order == two.order and not one.violations
+    assert [(s.worker, s.op, s.detail, s.error) for s in one.world.trace] == \
+        [(s.worker, s.op, s.detail, s.error) for s in two.world.trace]
+    assert one.world.history == two.world.history
+    assert one.world.order == two.world.order and not one.violations
 
 
 def test_schedule_runs_interleave_workers():
-    world = explore.simulate("reference", {"schedule": [(0, 3), (1, 3), (0, 3)], "faults": {}, "crashes": {}})
+    world = explore.simulate("reference", {"schedule": [(0, 3), (1, 3), (0, 3)], "faults": {}, "crashes": {}}).world
     assert world.order[:9] == [0, 0, 0, 1, 1, 1, 0, 0, 0]
     assert [w.exits for w in world.workers] == [[0], [0]]
 
 
 def test_fault_free_runs_of_every_bundled_implementation_end_ready_and_clean():
     for impl in ("reference", "legacy", "direct"):
-        world = explore.simulate(impl, EMPTY, workers=3)
-        assert [w.exits for w in world.workers] == [[0]] * 3, (impl, world.report())
-        assert not world.violations, world.report()
+        outcome = explore.simulate(impl, EMPTY, workers=3)
+        assert [w.exits for w in outcome.world.workers] == [[0]] * 3, (impl, outcome.report())
+        assert outcome.verdict.valid is True, explore.describe(outcome)
 
 
 def test_the_full_driver_runs_too():
-    world = World("reference", 2, driver=None, capabilities="all").run()
-    assert [w.exits for w in world.workers] == [[0], [0]], world.report()
-    assert len(world.workers[0].expected) > 40 and not world.violations
+    outcome = explore.simulate("reference", EMPTY, driver=None, capabilities="all")
+    assert [w.exits for w in outcome.world.workers] == [[0], [0]], outcome.report()
+    assert len(outcome.world.files) > 30 and outcome.verdict.valid is True, explore.describe(outcome)
 
 
 def test_a_killed_lock_holder_releases_its_lock():
     """K-4: the crash of a worker inside the lock (after its lock step) does not wedge the others."""
-    world = explore.simulate("reference", {"schedule": [(0, 62)], "faults": {}, "crashes": {0: 63}})
+    outcome = explore.simulate("reference", {"schedule": [(0, 62)], "faults": {}, "crashes": {0: 63}})
+    world = outcome.world
     assert any(s.op == "died" for s in world.trace)
     assert [w.exits[-1] for w in world.workers] == [0, 0], world.report()
-    assert not world.violations
+    assert not outcome.violations
 
 
 def test_a_lock_held_forever_times_out_in_virtual_time():
@@ -100,7 +106,7 @@ def test_a_lock_held_forever_times_out_in_virtual_time():
     from gpujail.reference_impl.core import LOCK
 
     from gpujail.backends.model import Proc, Worker
-    world = World("reference", 1, restarts=0)
+    world = World(in_process("reference"), 1, restarts=0)
     lock = world.fs.add(f"{JAIL}/{LOCK}", stat.S_IFREG | 0o644)
     world.fds[99] = (lock, Proc(Worker(world, 9, "stuck-holder"), ""))
     world.locks[lock.ino] = 99
@@ -114,16 +120,17 @@ def test_legacy_seed_bug_is_found_and_shrunk():
     plan, exploration = explore.find_violation("legacy", seed=0, max_examples=2000)
     assert plan is not None, f"{exploration.examples} examples, nothing found"
     assert explore.size(plan) <= 12
-    world = explore.simulate("legacy", plan)
-    assert world.violations[0].invariant in ("INV-1", "INV-5")
-    report = world.report()
+    outcome = explore.simulate("legacy", plan)
+    assert outcome.violations[0].invariant in ("INV-1", "INV-5")
+    assert [e["kind"] for e in outcome.verdict.chain][-1] == "cli.cleanup.unlink"   # the checker's causal chain
+    report = outcome.report()
     assert "cli.cleanup.unlink" in report and "VIOLATION" in report
 
 
 @pytest.mark.parametrize("impl", ["reference", "direct"])
 def test_the_fixed_procedures_survive_exploration(impl):
     plan, exploration = explore.find_violation(impl, seed=0, max_examples=150)
-    assert plan is None, explore.describe(impl, plan, explore.simulate(impl, plan))
+    assert plan is None, explore.describe(explore.simulate(impl, plan))
     assert exploration.examples >= 100 and len(exploration.interleavings) > 20
 
 
@@ -134,16 +141,16 @@ def test_exploration_finds_each_mutant(mutant):
 
 
 def test_reference_changes_nothing_outside_the_jail():
-    world = explore.simulate("reference", EMPTY)
-    assert world.fs.outside_changes == []
+    world = explore.simulate("reference", EMPTY).world
+    assert world.fs.outside_changes == [] and world.final_state()["outside_changes"] == []
     assert world.fs.lookup(world.workers[0].ns, f"{JAIL}/{LIB}") is world.fs.lookup(world.workers[0].ns, f"/{LIB}")
 
 
 def test_jail_hygiene_is_judged_by_the_checkers_rules():
     """INV-3's jail half at the end of a run: a 76-byte 'marker' is no placeholder (REF-9)."""
-    world = explore.simulate("mutant:big-markers", EMPTY)
-    assert [v.invariant for v in world.violations] == ["INV-3"] * len(world.violations) and world.violations
-    assert "appeared" in world.violations[0].message
+    outcome = explore.simulate("mutant:big-markers", EMPTY)
+    assert [v.invariant for v in outcome.violations] == ["INV-3"] * len(outcome.violations) and outcome.violations
+    assert "appeared" in outcome.violations[0].explanation
     assert not explore.simulate("reference", EMPTY).violations
 
 
@@ -176,3 +183,20 @@ def test_direct_undo_survives_its_own_mount_detached_by_a_populate_cleanup():
         core.mount_directly(ctx, pairs)
     assert e.value.kind == "cli-failed" and fs.detached
     assert [m for m in worker.mounts() if m.mountpoint.startswith(JAIL + "/usr")] == []
+
+
+def test_the_model_writes_the_kernel_backends_history():
+    """One history for every backend: the workers' lives, the implementation's and the CLI's events,
+    probes of ready workers (at readiness and after each removal), judged by the checker."""
+    outcome = explore.simulate("legacy", {"schedule": [], "faults": {1: explore.fault("cli.before_mount", 2,
+                                                                                        "return(EIO)")}, "crashes": {}})
+    events = outcome.world.history
+    kinds = {e["kind"] for e in events}
+    assert {"chaos.begin", "chaos.fault", "worker.start", "worker.ready", "worker.exit", "worker.restart", "impl.begin",
+            "cli.start", "cli.fail", "cli.cleanup.unlink", "failpoint", "probe", "chaos.end"} <= kinds
+    assert all({"t", "node", "pid", "kind"} <= set(e) for e in events)
+    assert [e["t"] for e in events] == sorted(e["t"] for e in events)
+    unlink = history.select(events, "cli.cleanup.unlink")[0]
+    after = [e for e in events if e["t"] > unlink["t"] and e["kind"] == "probe"]
+    assert after and after[0]["node"] == "w1"   # the next probe of the ready neighbour sees the loss
+    assert outcome.verdict.results["INV-1"].valid is False
