@@ -20,7 +20,7 @@ from gpujail.world.events import KINDS, EventError
 REPO = Path(__file__).resolve().parents[1]
 EMITTERS = ["gpujail", "fixtures", "reference_impl", "chaos"]
 # history.record("kind", ...), history.append(path, "kind", ...), and the harness's log("kind", ...)
-EMIT = re.compile(r"""(?:history\.record\(|history\.append\([^,()]+,\s*|\blog\()\s*["']([\w.]+)["']""")
+EMIT = re.compile(r"""(?:history\.record\(|history\.append\([^,(){]+,\s*|\blog\()\s*["']([\w.]+)["']""")
 
 
 def emitted_kinds() -> dict[str, list[str]]:
@@ -38,7 +38,6 @@ def test_every_emitted_kind_is_in_the_schema_and_every_listed_kind_is_emitted():
     found = emitted_kinds()
     assert {k: where for k, where in found.items() if k not in KINDS} == {}
     assert sorted(set(KINDS) - set(found)) == []
-    assert len(KINDS) == 38
     for name, kind in KINDS.items():   # the table says who emits it: that is where it is emitted
         assert any(w.split(":")[0] in kind.emitter.split() for w in found[name]), (name, found[name])
         assert kind.meaning
