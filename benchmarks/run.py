@@ -1,7 +1,10 @@
 """Benchmarks: every performance figure side by side, as one table (and JSON), with the machine and the
 date. Benchmarks measure and print; they never assert a time.
 
-    python -m gpujail.benchmarks.run [--quick] [--only NAME ...] [--json reports/benchmarks.json]
+    gpujail bench [--quick] [--only NAME ...] [--json reports/benchmarks.json]
+
+(`python -m gpujail.benchmarks.run` is the same command.) The latest figures, and how to read
+them, are in docs/benchmarks.md.
 
 How this works
 --------------
@@ -16,7 +19,8 @@ absolute times drift on shared machines. `--quick` repeats less (a smoke run, al
                the cold path with 16 contending workers (last lock wait, markers created once)
   docker       container worker starts/s against process workers (when an engine runs)
   model        model backend: steps/s, time to find and shrink the legacy bug, interleavings explored
-  suites       the default self-test run and the default chaos set under pytest -n auto
+  suites       the default self-test run (from a checkout only: tests/ is not installed) and the
+               default chaos set under pytest -n auto
   memory       peak memory of a 128-worker run (harness and every node process)
 """
 from __future__ import annotations
@@ -34,15 +38,21 @@ import threading
 import time
 from pathlib import Path
 
+import gpujail.chaos
 from gpujail.chaos import runner, scenario
 from gpujail.fixtures.jail import make_jail
 from gpujail.reference_impl.core import LOCK
 
+import gpujail
 from gpujail.backends import kernel
 from gpujail.contract import start_worker
+from gpujail.spec import EXIT
 from gpujail.world import history
 
-REPO = Path(__file__).resolve().parent.parent
+# The suites' folder (holding chaos/: a checkout's root or site-packages/gpujail), and the checkout
+# when this gpujail runs from one (the self-tests are not installed).
+SUITES_HOME = Path(gpujail.chaos.__file__).resolve().parent.parent
+CHECKOUT = gpujail.ROOT if (gpujail.ROOT / "pyproject.toml").is_file() and (gpujail.ROOT / "tests").is_dir() else None
 
 
 @dataclasses.dataclass
@@ -227,14 +237,17 @@ def model(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 
 
 def suites(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
-    raw = {}
-    for name, args in (("self-tests", ["tests"]), ("chaos", ["chaos"])):
+    raw, rows = {}, []
+    for name, figure, home in (("self-tests", "self-tests", CHECKOUT), ("chaos", "default chaos set", SUITES_HOME)):
+        if home is None:
+            rows.append(Row(f"{figure}, pytest -n auto", "not measured: the self-tests run from a checkout only"))
+            continue
         t = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "auto", "-p", "no:cacheprovider", *args],
-                           cwd=REPO, capture_output=True, text=True)
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "auto", "-p", "no:cacheprovider",
+                            "tests" if name == "self-tests" else "chaos"], cwd=home, capture_output=True, text=True)
         raw[name] = {"wall_s": round(time.monotonic() - t, 1), "result": (p.stdout.strip().splitlines() or [""])[-1]}
-    return [Row("self-tests, pytest -n auto", f"{raw['self-tests']['wall_s']} s", raw["self-tests"]["result"]),
-            Row("default chaos set, pytest -n auto", f"{raw['chaos']['wall_s']} s", raw["chaos"]["result"])], raw
+        rows.append(Row(f"{figure}, pytest -n auto", f"{raw[name]['wall_s']} s", raw[name]["result"]))
+    return rows, raw
 
 
 def memory(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
@@ -300,16 +313,15 @@ def table(rows: list[Row]) -> str:
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells[1:])])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpujail.benchmarks.run", description=__doc__.split("\n\n")[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and sizes (a smoke run)")
-    ap.add_argument("--only", nargs="*", choices=sorted(FIGURES), default=None)
-    ap.add_argument("--json", default="reports/benchmarks.json")
-    args = ap.parse_args(argv)
-    reason = kernel.precondition()
-    if reason:
-        print(f"benchmarks: {reason}", file=sys.stderr)
-        return 2
+    ap.add_argument("--only", nargs="+", choices=sorted(FIGURES), default=None, metavar="FIGURE",
+                    help=f"only these figures ({', '.join(FIGURES)}; default: all)")
+    ap.add_argument("--json", default="reports/benchmarks.json", help="where to write the figures as JSON")
+
+
+def run(args) -> int:
+    """Measure, print the table, write the JSON; an EXIT code. Needs the kernel backend."""
     memory_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, {memory_gib:.0f} GiB, Linux {platform.release()}, "
                f"Python {platform.python_version()}")
@@ -327,7 +339,19 @@ def main(argv=None) -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     print(f"{out['date']} on {machine}{' (--quick)' if args.quick else ''}\n\n{table(rows)}\n\nJSON: {args.json}")
-    return 0
+    return EXIT["passed"]
+
+
+def main(argv=None) -> int:
+    """`python -m gpujail.benchmarks.run`, the alias of `gpujail bench`."""
+    ap = argparse.ArgumentParser(prog="python -m gpujail.benchmarks.run", description=__doc__.split("\n\n")[0])
+    arguments(ap)
+    args = ap.parse_args(argv)
+    reason = kernel.precondition()
+    if reason:
+        print(f"benchmarks: {reason}", file=sys.stderr)
+        return EXIT["backend"]
+    return run(args)
 
 
 if __name__ == "__main__":

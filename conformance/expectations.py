@@ -1,15 +1,19 @@
-"""Rewrite an expectations file from a run report (like `wpt update-expectations`).
+"""`gpujail expectations`: rewrite an expectations file from a run report (like `wpt update-expectations`).
 
-    python -m gpujail.conformance.expectations reports/summary.json > expectations/legacy.toml
+    gpujail expectations reports/summary.json > expectations/mine.toml
 
 Every test that failed (or was expected to fail and did) is listed under [tests] with the reason
 from the report; tests that passed are left out. Review the reasons before committing: an
 expectations file is a statement of what an implementation is known to get wrong.
+`python -m gpujail.conformance.expectations REPORT` is the same command.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+
+from gpujail.spec import EXIT
 
 
 def render(report: dict) -> str:
@@ -26,18 +30,35 @@ def render(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
-        return 2
+def arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("report", help="a run's summary.json (gpujail run writes reports/summary.json)")
+
+
+def load(path: str) -> str:
+    """The expectations file for the report at `path`; ValueError, one line, when it is not one."""
     try:
-        report = json.loads(open(argv[0]).read())
+        with open(path) as f:
+            report = json.load(f)
     except (OSError, ValueError) as e:
-        print(f"expectations: cannot read report {argv[0]}: {e}", file=sys.stderr)
-        return 2
-    sys.stdout.write(render(report))
-    return 0
+        raise ValueError(f"cannot read report {path}: {e}") from None
+    try:
+        return render(report)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a gpujail summary.json (no {e} where a run report has one)") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gpujail.conformance.expectations", description=__doc__.split("\n")[0])
+    arguments(ap)
+    args = ap.parse_args(argv)
+    try:
+        text = load(args.report)
+    except ValueError as e:
+        print(f"expectations: {e}", file=sys.stderr)
+        return EXIT["bad-input"]
+    sys.stdout.write(text)
+    return EXIT["passed"]
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

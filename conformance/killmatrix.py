@@ -1,4 +1,4 @@
-"""`python -m gpujail.conformance.killmatrix`: which tests kill which mutant of `reference`.
+"""`gpujail killmatrix`: which tests kill which mutant of `reference`.
 
 How this works
 --------------
@@ -10,18 +10,28 @@ into a temporary directory; the sessions run one after another, each with `-n WO
 does not pass against the baseline cannot kill anything and is reported as such). A mutant no test
 kills is a *survivor*: a hole in the suite, to be closed with a new test citing the SPEC requirement.
 
-Writes `OUT/kill-matrix.md` (for people) and `OUT/kill-matrix.json` (everything, per test). Exit 0
-when every mutant is killed, 1 when any survives (or a session timed out), 2 on bad usage.
+The test paths (`--tests`, default `conformance chaos`) are the suites' own: each session runs in
+the folder that holds conformance/ and chaos/ (a checkout, or the installed gpujail package), so
+`conformance/test_worker_start.py::test_x` names the same test either way; a path found only from
+the current directory (your own test file) is taken from there.
 
-    python -m gpujail.conformance.killmatrix                       # every mutant, conformance + chaos
-    python -m gpujail.conformance.killmatrix --quick               # chaos without its random-timing runs
-    python -m gpujail.conformance.killmatrix --mutants no-lock,big-markers --tests conformance
+Writes `OUT/kill-matrix.md` (for people) and `OUT/kill-matrix.json` (everything, per test). Exit
+codes are the `gpujail` command's (gpujail.spec.EXIT): 0 when every mutant is killed, 1 when any
+survives (or a session timed out), 2 bad input, 3 no kernel backend here, 5 when the baseline
+session itself broke (the end of its log is printed).
+
+    gpujail killmatrix                                  # every mutant, conformance + chaos
+    gpujail killmatrix --quick                          # chaos without its random-timing runs
+    gpujail killmatrix --mutants no-lock,big-markers --tests conformance
+
+`python -m gpujail.conformance.killmatrix` is the same command.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,8 +39,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpujail.spec import EXIT
+
 BASELINE = "reference"
-REPO = Path(__file__).resolve().parent.parent   # test paths are relative to the repository
+# The folder holding the suites (conformance/ and chaos/): this package's parent, a checkout's
+# root or site-packages/gpujail. Sessions run there, so test paths read the same either way.
+SUITES_HOME = Path(__file__).resolve().parent.parent
 RANK = {"passed": 0, "passed-intermittent": 0, "expected-fail": 1, "skipped": 1, "unexpected-pass": 2, "failed": 2}
 
 
@@ -42,7 +56,7 @@ def run_suite(impl: str, tests: list[str], extra: list[str], workers: int, timeo
             "--impl", impl, f"--gpujail-report={report}", "-o", "addopts="]
     start = time.monotonic()
     with open(scratch / f"{impl.replace(':', '-')}.log", "w") as log:
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=SUITES_HOME)
         try:
             code = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -101,26 +115,51 @@ def markdown(data: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    from gpujail.reference_impl.mutants import MUTANTS
-    ap = argparse.ArgumentParser(prog="python -m gpujail.conformance.killmatrix", description=__doc__.split("\n")[0])
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--mutants", default="", help="comma-separated mutant names (default: all)")
-    ap.add_argument("--tests", default="conformance chaos", help="pytest paths or node ids, space-separated")
+    ap.add_argument("--tests", default="conformance chaos",
+                    help="pytest paths or node ids, space-separated, relative to the suites' folder (default: both suites)")
     ap.add_argument("--quick", action="store_true", help="leave out chaos's random-timing runs (-k 'not seed')")
     ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per session (default 2; 0: one process)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per session (default 1800)")
     ap.add_argument("--out", default="reports", help="directory for kill-matrix.md and .json (default reports)")
-    args = ap.parse_args(argv)
+
+
+def check(args) -> tuple[list[str], list[str]]:
+    """The mutants and the test paths to run; ValueError, one line, for bad input."""
+    from gpujail.reference_impl.mutants import MUTANTS
     names = [m for m in args.mutants.split(",") if m] or list(MUTANTS)
     unknown = [m for m in names if m not in MUTANTS]
     if unknown:
-        print(f"killmatrix: --mutants: unknown mutant(s) {', '.join(unknown)}; known: {', '.join(MUTANTS)}",
-              file=sys.stderr)
-        return 2
+        raise ValueError(f"--mutants: unknown mutant(s) {', '.join(unknown)}; known: {', '.join(MUTANTS)}")
+    if args.workers < 0 or args.timeout <= 0:
+        raise ValueError("--workers must be 0 or more and --timeout more than 0 seconds")
+    tests = []
+    for spec in args.tests.split():
+        path, _, node = spec.partition("::")
+        if (SUITES_HOME / path).exists():   # the suites' own (an absolute path stays itself)
+            pass
+        elif Path(path).exists():           # from where the command runs: your own test file
+            spec = str(Path(path).resolve()) + (f"::{node}" if node else "")
+        else:
+            raise ValueError(f"--tests: no such test path {path!r} in {SUITES_HOME} or here")
+        tests.append(spec)
+    if not tests:
+        raise ValueError("--tests: no test paths given")
+    return names, tests
+
+
+def run(args, names: list[str], tests: list[str], command: str) -> int:
+    """Run the baseline and every mutant, write the reports; an EXIT code."""
+    from gpujail.reference_impl.mutants import MUTANTS
     extra = ["-k", "not seed"] if args.quick else []
-    tests = args.tests.split()
     with tempfile.TemporaryDirectory(prefix="gpujail-killmatrix-") as scratch:
         baseline = run_suite(BASELINE, tests, extra, args.workers, args.timeout, Path(scratch))
+        if baseline["exit"] not in (0, 1):   # collection error, usage error, nothing collected, timeout
+            log = (Path(scratch) / f"{BASELINE}.log").read_text().splitlines()[-10:]
+            print(f"killmatrix: the baseline session against {BASELINE} ended with pytest exit {baseline['exit']}; "
+                  "the end of its log:\n" + "\n".join("  " + ln for ln in log), file=sys.stderr)
+            return EXIT["error"]
         print(f"baseline {BASELINE}: {sum(1 for s in baseline['statuses'].values() if RANK.get(s) == 0)} tests pass "
               f"({baseline['seconds']}s)", flush=True)
         runs = {}
@@ -129,7 +168,6 @@ def main(argv: list[str] | None = None) -> int:
             killed = sum(1 for s in runs[name]["statuses"].values() if s == "failed")
             print(f"mutant:{name}: {killed} failing tests ({runs[name]['seconds']}s)", flush=True)
     data = matrix(baseline, runs, {n: MUTANTS[n][0] for n in names})
-    command = "python -m gpujail.conformance.killmatrix " + " ".join(argv if argv is not None else sys.argv[1:])
     data["command"] = command.strip()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -138,7 +176,26 @@ def main(argv: list[str] | None = None) -> int:
     survivors = [m for m, r in data["mutants"].items() if r["survived"]]
     print(f"{len(names) - len(survivors)} of {len(names)} mutants killed" +
           (f"; survivors: {', '.join(survivors)}" if survivors else "") + f"; see {out / 'kill-matrix.md'}")
-    return 1 if survivors else 0
+    return EXIT["failed"] if survivors else EXIT["passed"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gpujail.conformance.killmatrix`, the alias of `gpujail killmatrix`."""
+    from gpujail.backends import kernel
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m gpujail.conformance.killmatrix", description=__doc__.split("\n")[0])
+    arguments(ap)
+    args = ap.parse_args(argv)
+    try:
+        names, tests = check(args)
+    except ValueError as e:
+        print(f"killmatrix: {e}", file=sys.stderr)
+        return EXIT["bad-input"]
+    reason = kernel.precondition()
+    if reason:
+        print(f"killmatrix: {reason}", file=sys.stderr)
+        return EXIT["backend"]
+    return run(args, names, tests, shlex.join(["python", "-m", "gpujail.conformance.killmatrix", *argv]))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from gpujail.benchmarks.run import Row, table, tree_pss
+from gpujail.benchmarks.run import CHECKOUT, SUITES_HOME, Row, table, tree_pss
 
 
 def test_table_lines_up_and_shows_ratios():
@@ -28,6 +28,13 @@ def test_memory_of_a_process_tree_counts_children():
         child.wait()
 
 
-def test_unknown_figure_is_one_usage_line():
+def test_unknown_figure_is_a_usage_error():
+    """`python -m gpujail.benchmarks.run` is the alias of `gpujail bench` (tests/test_cli.py runs that)."""
     p = subprocess.run([sys.executable, "-m", "gpujail.benchmarks.run", "--only", "nosuch"], capture_output=True, text=True)
     assert p.returncode == 2 and "invalid choice: 'nosuch'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_self_tests_figure_only_from_a_checkout():
+    """The suites run from wherever gpujail is; the self-tests (tests/) exist only in a checkout."""
+    assert (SUITES_HOME / "chaos" / "test_scenarios.py").is_file()
+    assert CHECKOUT is None or (CHECKOUT / "tests" / "test_benchmarks.py").is_file()

@@ -1,10 +1,11 @@
-"""Tests for the `gpujail` command (gpujail/cli.py) and the HTML report (conformance/report.py).
+"""Tests for the `gpujail` command (gpujail/cli.py, gpujail/commands/) and the HTML report (gpujail/report.py).
 
 The command is run as a user runs it, in a child process (`python -m gpujail`, and once as the
 installed console script), and read from its exit code, its stdout and its stderr. Bad input must
 give one line on stderr, its own exit code and no traceback, and leave nothing behind (each child
 gets its own TMPDIR, checked empty afterwards). The `run` and `reproduce` tests run real scenarios on
-the kernel backend; the report and progress tests are pure.
+the kernel backend; the tools behind the same front door (`check`, `expectations`, `explore`,
+`bench`) run on saved or simulated runs; the report and progress tests are pure.
 """
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ from pathlib import Path
 
 import pytest
 from gpujail.chaos import scenario
-from test_checker import good_final
+from test_checker import good_final, good_run
 from test_timeline import seed_bug
 
 from gpujail import backends, cli, report
 from gpujail.backends import kernel
+from gpujail.commands import progress, scenarios
+from gpujail.commands import run as running
 from gpujail.plugin import OPTIONS
 from gpujail.world import failpoints
 
@@ -92,7 +95,7 @@ def test_scenarios_checks_files(tmp_path):
     bad.write_text('name = "broken"\ngpu_wrokers = 2\n')
     r = gpujail(tmp_path, "scenarios", str(good), str(bad))
     one_line_error(r, cli.EXIT["bad-input"], str(bad), "gpu_wrokers")
-    assert r.stdout.splitlines() == [cli.one_line(scenario.load(good))]
+    assert r.stdout.splitlines() == [scenarios.one_line(scenario.load(good))]
     assert "two workers" in r.stdout and "More text" not in r.stdout
 
 
@@ -116,6 +119,17 @@ BROKEN = {"syntax.toml": 'name = "x"\ngpu_workers = \n',
     (["reproduce", "cold-race", "--", "-x"], "bad-input", ["no pytest arguments"]),
     (["frobnicate"], "bad-input", ["invalid choice: 'frobnicate'"]),
     ([], "bad-input", ["required: COMMAND"]),
+    (["check"], "bad-input", ["gpujail check", "required: history"]),
+    (["check", "/no/such.jsonl"], "bad-input", ["gpujail check", "cannot read history /no/such.jsonl"]),
+    (["expectations", "/no/such.json"], "bad-input", ["gpujail expectations", "cannot read report /no/such.json"]),
+    (["killmatrix", "--mutants", "no-lock,nope"], "bad-input", ["gpujail killmatrix", "unknown mutant(s) nope"]),
+    (["killmatrix", "--tests", "conformance/nosuch.py"], "bad-input", ["no such test path 'conformance/nosuch.py'"]),
+    (["explore", "find", "nope"], "bad-input", ["gpujail explore find", "'nope'", "reference, legacy, direct"]),
+    (["explore", "find", "mutant:nope"], "bad-input", ["unknown mutant"]),
+    (["explore", "replay", "legacy", "[1]"], "bad-input", ["gpujail explore replay", "not a JSON plan object"]),
+    (["explore", "walk", "legacy"], "bad-input", ["invalid choice: 'walk'"]),
+    (["bench", "--only", "nosuch"], "bad-input", ["gpujail bench", "invalid choice: 'nosuch'"]),
+    (["bench", "--", "-x"], "bad-input", ["no pytest arguments"]),
 ])
 def test_bad_input(tmp_path, args, code, words):
     one_line_error(gpujail(tmp_path, *args), cli.EXIT[code], *words)
@@ -133,6 +147,18 @@ def test_bad_expectations_file(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text('[requirements]\n"REF-99" = "no such requirement"\n')
     one_line_error(gpujail(tmp_path, "run", "--expectations", str(path)), cli.EXIT["bad-input"], "REF-99")
+
+
+@pytest.mark.parametrize("command,content,words", [
+    ("check", "not json\n", ["not a history", "line 1"]),
+    ("check", '{"t": 1}\n', ["line 1 is not an event"]),
+    ("expectations", '{"requirements": {}}', ["not a gpujail summary.json", "'run_info'"]),
+    ("expectations", "[1, 2]", ["not a gpujail summary.json"]),
+])
+def test_tools_reject_files_that_are_not_theirs(tmp_path, command, content, words):
+    path = tmp_path / "input"
+    path.write_text(content)
+    one_line_error(gpujail(tmp_path, command, str(path)), cli.EXIT["bad-input"], f"gpujail {command}", str(path), *words)
 
 
 def test_unavailable_backend_is_exit_3(tmp_path, monkeypatch):
@@ -241,6 +267,58 @@ def test_run_gate(tmp_path, expectations, code):
     assert (reports / "chaos" / "test_scenario_cold-race_" / "history.jsonl").exists()
 
 
+# -- the tools behind the same door ------------------------------------------------------------
+
+def save(tmp_path, events, final=None) -> list[str]:
+    history = tmp_path / "history.jsonl"
+    history.write_text("".join(json.dumps(e) + "\n" for e in events))
+    if final is None:
+        return [str(history)]
+    (tmp_path / "final_state.json").write_text(json.dumps(final))
+    return [str(history), str(tmp_path / "final_state.json")]
+
+
+@pytest.mark.parametrize("run,final,code,verdict", [
+    (seed_bug, good_final(transient_only=False), "failed", "verdict: INVALID (INV-1)"),
+    (good_run, good_final(), "passed", "verdict: VALID"),
+    (good_run, None, "inconclusive", "verdict: UNKNOWN"),   # no final state: INV-2, 3, 6 undecided
+], ids=["invalid", "valid", "unknown"])
+def test_check_judges_a_saved_history(tmp_path, run, final, code, verdict):
+    """`gpujail check`: the checker's verdict under the command's exit codes (undecided is 4, not
+    the 2 of bad input), and the timeline drawn where asked."""
+    r = gpujail(tmp_path, "check", *save(tmp_path, run().events, final), "--timeline", str(tmp_path / "t.html"))
+    assert r.returncode == cli.EXIT[code], r.stdout + r.stderr
+    assert r.stdout.startswith(verdict) and "<svg" in (tmp_path / "t.html").read_text()
+
+
+def test_expectations_from_a_summary(tmp_path):
+    summary = summary_of([{"test": COLD_RACE, "status": "failed", "reason": 'AssertionError: "lost"', "ids": ["INV-1"]},
+                          {"test": "conformance/x.py::test_a", "status": "passed", "reason": "", "ids": ["REF-1"]}])
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    r = gpujail(tmp_path, "expectations", str(tmp_path / "summary.json"))
+    assert r.returncode == 0, r.stderr
+    assert 'implementation = "legacy"' in r.stdout and "test_a" not in r.stdout
+    assert f'"{COLD_RACE}" = "INV-1: AssertionError: \'lost\'"' in r.stdout
+
+
+def test_explore_finds_the_seed_bug_on_the_model(tmp_path):
+    r = gpujail(tmp_path, "explore", "find", "legacy", "--seed", "1", "--max-examples", "300")
+    assert r.returncode == cli.EXIT["failed"], r.stdout + r.stderr
+    assert "VIOLATION INV-1" in r.stdout
+    plan = r.stdout.split("plan (size", 1)[1].splitlines()[1].strip()
+    again = gpujail(tmp_path, "explore", "replay", "legacy", plan)
+    assert again.returncode == cli.EXIT["failed"] and "VIOLATION INV-1" in again.stdout
+
+
+@pytest.mark.kernel
+@needs_kernel
+def test_bench_one_cheap_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    r = gpujail(tmp_path, "bench", "--quick", "--only", "model", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "model steps/s" in r.stdout and json.loads(out.read_text())["quick"] is True
+
+
 # -- the pieces: exit codes, progress, the HTML report -----------------------------------------
 
 def summary_of(tests: list[dict]) -> dict:
@@ -262,13 +340,13 @@ def summary_of(tests: list[dict]) -> dict:
 def test_pytest_outcome(code, statuses, outcome):
     summary = None if statuses is None else summary_of(
         [{"test": f"t{i}", "status": s, "reason": "", "ids": ["REF-1"]} for i, s in enumerate(statuses)])
-    assert cli.pytest_outcome(code, False, summary) == outcome
-    assert cli.pytest_outcome(code, True, summary) == "interrupted"
+    assert running.pytest_outcome(code, False, summary) == outcome
+    assert running.pytest_outcome(code, True, summary) == "interrupted"
 
 
 def test_history_watch_counts_complete_lines(tmp_path):
     h = tmp_path / "history.jsonl"
-    watch = cli.HistoryWatch(lambda: [h, tmp_path / "not-yet.jsonl"])
+    watch = progress.HistoryWatch(lambda: [h, tmp_path / "not-yet.jsonl"])
     event = lambda **f: json.dumps({"t": 0, "pid": 1, **f}, separators=(",", ":"))  # noqa: E731
     h.write_text(event(node="w0", kind="worker.ready") + "\n" + event(node="w0", kind="failpoint", action="off") + "\n"
                  + event(node="w1", kind="failpoint", action="return")[:20])

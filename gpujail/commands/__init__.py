@@ -1,0 +1,81 @@
+"""The `gpujail` subcommands, one module per family, below the front door (gpujail/cli.py).
+
+How this works
+--------------
+gpujail/cli.py parses the command line and checks the input a subcommand depends on (the
+implementation, the backend, the expectations file) with the plugin's own checks; then it calls
+one function here, which does the work and returns a code of `gpujail.spec.EXIT`:
+
+    run.py        `run`: the suites in this process, a progress line, the summary and the reports
+    scenarios.py  `reproduce`, `scenarios`, `failpoints`: one chaos scenario and what they are made of
+    tools.py      `killmatrix`, `expectations`, `check`, `explore`, `bench`: the project's other
+                  tools, each also `python -m gpujail...` (their own modules sit in the layers below)
+
+A mistake in the input is a `Stop`: one line on stderr and its exit code, raised before anything
+runs. These modules never import gpujail.cli (the layer above them, pyproject's import-linter
+contract).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from gpujail.spec import EXIT
+
+
+class Stop(Exception):
+    """One line for the user and the exit code that goes with it."""
+
+    def __init__(self, outcome: str, message: str):
+        super().__init__(message)
+        self.code = EXIT[outcome]
+
+
+def check_backend(name: str) -> None:
+    from gpujail import backends
+    if name not in backends.NAMES:
+        raise Stop("bad-input", f"--backend {name!r}: expected one of {', '.join(backends.NAMES)}")
+    reason = backends.unavailable(name)
+    if reason:
+        raise Stop("backend", f"--backend {name}: {reason}")
+
+
+def load_scenario(source: str):
+    from gpujail.chaos.scenario import ScenarioError, load
+    try:
+        return load(source)
+    except ScenarioError as e:
+        raise Stop("bad-input", str(e)) from None
+
+
+_terminal = None
+
+
+def terminal():
+    """The real standard output, even while pytest captures file descriptor 1 or we redirect sys.stdout."""
+    global _terminal
+    if _terminal is None:
+        _terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    return _terminal
+
+
+def silence_outputs() -> None:
+    """The reader went away (`gpujail ... | head`): send what is still written to /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for f in (sys.stdout, _terminal):
+        if f is not None:
+            os.dup2(devnull, f.fileno())
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a run's temporary tree, making a directory a test left read-only writable again (its
+    parent only: rmtree does not follow symlinks, so nothing outside the tree is touched)."""
+    def writable(func, p, _exc):
+        os.chmod(os.path.dirname(p), 0o755)
+        func(p)
+    try:
+        shutil.rmtree(path, **({"onexc": writable} if sys.version_info >= (3, 12) else {"onerror": writable}))
+    except OSError as e:
+        print(f"gpujail: could not remove the temporary directory {path}: {e}", file=sys.stderr)

@@ -1,0 +1,108 @@
+"""`gpujail run`: the conformance and chaos suites in this process, for a runtime vendor and a CI gate.
+
+How this works
+--------------
+gpujail/cli.py has checked the implementation, the backend and the expectations file (the same
+checks as the pytest plugin's, so a mistake is one line there rather than one per test). `run()`
+then runs pytest in this process with the plugin's options, its output going to
+`reports/pytest.log`. While it runs, a line shows tests done, workers ready and faults injected
+(counted from the run's histories under its temporary directory) and the time elapsed. At the end
+it prints the summary of `reports/summary.json` per requirement and per invariant
+(gpujail/report.py) and the report paths, and returns the outcome as a code of EXIT.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gpujail.commands import remove_tree, terminal
+from gpujail.commands.progress import HistoryWatch, Progress, TestCounter
+from gpujail.spec import EXIT
+
+
+def suites() -> list[str]:
+    """The two suites where this gpujail is installed (a checkout's folders, or site-packages)."""
+    import gpujail.chaos as chaos
+    import gpujail.conformance as conformance
+    return [str(Path(conformance.__file__).parent), str(Path(chaos.__file__).parent)]
+
+
+def pytest_outcome(code: int, interrupted: bool, report: dict | None) -> str:
+    """pytest's exit code (and the summary) as one of EXIT's outcomes."""
+    if interrupted:
+        return "interrupted"
+    if code == 4:          # usage error (pytest printed the line)
+        return "bad-input"
+    if code == 5:          # no test collected
+        return "inconclusive"
+    if code in (2, 3) or report is None:   # collection error, internal error
+        return "error"
+    from gpujail.report import totals
+    counts = totals(report)
+    if code == 1 or counts.get("failed") or counts.get("unexpected-pass"):
+        return "failed"
+    ran = sum(n for s, n in counts.items() if s != "skipped")
+    return "passed" if ran else "inconclusive"
+
+
+def run(args, expectations: str, pytest_args: list[str]) -> int:
+    from gpujail import report as reporting
+    reports = Path(args.reports)
+    reports.mkdir(parents=True, exist_ok=True)
+    paths = {"html": reports / "report.html", "json": reports / "summary.json", "junit": reports / "junit.xml",
+             "log": reports / "pytest.log"}
+    for stale in list(paths.values()) + [reports / reporting.CHAOS_DIR]:
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        elif stale.exists():
+            stale.unlink()
+    out = terminal()
+    print(f"gpujail run: {args.impl} on the {args.backend} backend"
+          + (f", expectations {expectations}" if expectations else ", no expectations file"), file=out)
+    basetemp = Path(tempfile.mkdtemp(prefix="gpujail-run-"))
+    argv = [*(args.tests or suites()), "-p", "no:cacheprovider", "-n", args.jobs, "--basetemp", str(basetemp),
+            "--impl", args.impl, "--backend", args.backend, "--seed", str(args.seed), "--workers", str(args.workers),
+            "--expectations", expectations, "--gpujail-report", str(paths["json"]), "--junitxml", str(paths["junit"]),
+            *(["-m", args.m] if args.m else []), *(["-k", args.k] if args.k else []), *pytest_args]
+    counter = TestCounter()
+    watch = HistoryWatch(lambda: [*basetemp.glob("*/*/run/history.jsonl"), *basetemp.glob("*/run/history.jsonl")])
+
+    def line() -> str:
+        watch.poll()
+        total = f"/{counter.total}" if counter.total is not None else ""
+        failed = f" ({counter.failed} failed)" if counter.failed else ""
+        return (f"{counter.done}{total} tests done{failed}, {len(watch.ready)} workers ready, "
+                f"{watch.faults} faults injected")
+
+    progress = None if args.verbose else Progress(line, out, 2.0 if out.isatty() else 15.0)
+    log = open(paths["log"], "w", buffering=1)
+    saved = sys.stdout
+    try:
+        if progress:
+            sys.stdout = log
+            progress.start()
+        code = int(pytest.main(argv, plugins=[counter]))
+    except KeyboardInterrupt:
+        code, counter.interrupted = 2, True
+    finally:
+        sys.stdout = saved
+        if progress:
+            progress.stop()
+            print(f"done in {progress.elapsed()}: {line()}", file=out)
+        log.close()
+        remove_tree(basetemp)   # what the tests left (jails, histories); failing chaos runs' are in reports/
+    summary = json.loads(paths["json"].read_text()) if paths["json"].exists() else None
+    outcome = pytest_outcome(code, counter.interrupted, summary)
+    if summary:
+        print("\n" + reporting.text(summary), file=out)
+    if outcome == "error" and progress:
+        tail = paths["log"].read_text().splitlines()[-15:]
+        print("\nthe end of the pytest log:\n" + "\n".join("  " + ln for ln in tail), file=out)
+    print(f"\n{outcome.upper()} (exit {EXIT[outcome]})", file=out)
+    print("reports: " + "  ".join(str(p) for p in paths.values() if p.exists()), file=out)
+    return EXIT[outcome]

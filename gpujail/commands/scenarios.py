@@ -1,0 +1,90 @@
+"""`gpujail reproduce`, `gpujail scenarios`, `gpujail failpoints`: for someone reproducing a race.
+
+`reproduce` runs one scenario (chaos/runner.py) in a temporary directory with a progress line, then
+prints the checker's verdict and causal chain and keeps the history, the final state and the
+timeline picture in `--out` (default `reports/reproduce/<scenario>-<impl>-seed<N>/`). gpujail/cli.py
+has loaded the scenario and checked the implementation and the backend before.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from gpujail.commands import Stop, load_scenario, remove_tree, terminal
+from gpujail.commands.progress import HistoryWatch, Progress
+from gpujail.spec import EXIT
+
+
+def reproduce(args, sc) -> int:
+    from gpujail.chaos import runner, timeline
+    from gpujail.world import history
+    if args.random:
+        sc = sc.randomised()
+    safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in args.impl)[:40]
+    out = Path(args.out or f"reports/reproduce/{sc.name}-{safe}-seed{args.seed}")
+    term = terminal()
+    print(f"gpujail reproduce: scenario {sc.name} ({sc.mode}, {len(sc.workers)} workers) against {args.impl}, "
+          f"seed {args.seed}", file=term)
+    tmp = Path(tempfile.mkdtemp(prefix="gpujail-reproduce-"))
+    watch = HistoryWatch(lambda: [tmp / "run" / "history.jsonl"])
+
+    def line() -> str:
+        watch.poll()
+        return f"{len(watch.ready)}/{len(sc.workers)} workers ready, {watch.faults} faults injected"
+
+    progress = Progress(line, term, 1.0 if term.isatty() else 5.0)
+    progress.start()
+    try:
+        result = runner.run(sc, args.impl, tmp / "run", seed=args.seed)
+        result.keep(out)
+    except KeyboardInterrupt:
+        raise Stop("interrupted", "interrupted; the run's nodes were stopped") from None
+    except RuntimeError as e:   # the scenario could not be set up (warming, populate cleanup)
+        raise Stop("error", f"scenario {sc.name}: {e}") from None
+    finally:
+        progress.stop()
+        done = f"done in {progress.elapsed()}: {line()}"
+        remove_tree(tmp)
+    print(done, file=term)
+    if result.timeline is None:   # the runner draws only invalid runs; a reproducer wants every picture
+        result.timeline = timeline.render(history.load(str(out / "history.jsonl")), result.verdict, out / "timeline.html")
+    result.run_dir = out
+    print(result.report(), file=term)
+    failed, undecided = result.judge()
+    return EXIT["failed" if failed else "inconclusive" if undecided else "passed"]
+
+
+def one_line(sc) -> str:
+    roles = [f"{n} {what}" for n, what in ((sc.gpu_workers, "GPU"), (sc.cpu_workers, "CPU"), (sc.login_nodes, "login"))
+             if n]
+    text = " ".join(sc.description.split())
+    first = text.split(". ")[0].rstrip(".")
+    opt_in = " (opt-in: -m scale)" if sc.scale else ""
+    return f"{sc.name:<20} {sc.mode:<13} {', '.join(roles):<16} {first}{opt_in}"
+
+
+def scenarios(args) -> int:
+    from gpujail.chaos.scenario import DIR, names
+    sources = args.files or names()
+    bad = 0
+    for source in sources:
+        try:
+            print(one_line(load_scenario(source)))
+        except Stop as e:
+            print(f"gpujail: {e}", file=sys.stderr)
+            bad += 1
+    if not args.files:
+        print(f"\n{len(sources)} scenarios in {DIR}; each runs as written and with seeded random timing "
+              "(`gpujail reproduce NAME [--random] --seed N`)")
+    return EXIT["bad-input"] if bad else EXIT["passed"]
+
+
+def failpoints(args) -> int:
+    from gpujail.world import failpoints as registry
+    width = max(map(len, registry.REGISTRY))
+    for name, where in registry.REGISTRY.items():
+        print(f"{name:<{width}}  {where}")
+    doc = registry.__doc__
+    print("\n" + doc[doc.index("`GPUJAIL_FAILPOINTS="):doc.index("Every hit")].rstrip())
+    return EXIT["passed"]
