@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHELL = ["reference_impl/example.sh", "scripts/lint-imports",
+SHELL = ["reference_impl/example.sh", "scripts/lint-imports", "scripts/copy-tree",
          "scripts/venv.sh", "scripts/mutation-test", "scripts/with-dockerd.sh", "run-tests",
          "run-suites", ".ci/run"]
 

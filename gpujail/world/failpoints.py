@@ -23,7 +23,7 @@ Every hit of an armed failpoint is recorded in the history (`failpoint` event, w
 a test can check that what it armed actually fired. A malformed spec or an unknown name raises
 `FailpointSpecError` saying where parsing stopped; callers turn that into one line and exit 1.
 
-The model backend (gpujail/model.py) runs many simulated processes as threads of one OS process:
+The model backend (gpujail/backends/model/) runs many simulated processes as threads of one OS process:
 it installs a `Process` per thread (`set_process`), which holds that process's armed failpoints and
 says what `sleep`, `kill` and `panic` mean there (virtual time; the simulated process dies).
 """
