@@ -36,19 +36,17 @@ import sys
 import traceback
 from pathlib import Path
 
-import pytest
-
+from gpujail import options
 from gpujail.commands import Stop, check_backend, load_scenario, scenarios, silence_outputs, tools
 from gpujail.commands import run as running
 from gpujail.spec import EXIT
 
-# -- input checks (the plugin's own, turned into one line and an exit code) ----------------------
+# -- input checks (gpujail/options.py, the plugin's too, turned into one line and an exit code) -----
 
 def check_impl(impl: str) -> None:
-    from gpujail.plugin import check_impl as plugin_check
     try:
-        plugin_check(impl)
-    except pytest.UsageError as e:
+        options.check_impl(options.flag("impl", impl))
+    except options.BadInput as e:
         raise Stop("bad-input", str(e)) from None
 
 
@@ -56,13 +54,12 @@ def expectations_for(impl: str, given: str | None) -> str:
     """The expectations file to use: the one given ('' for none), else a bundled implementation's own."""
     from gpujail import expectations
     from gpujail.contract import BUNDLED
-    from gpujail.plugin import load_expectations
     if given is None:
         own = Path(expectations.__file__).parent / f"{impl}.toml"
         given = str(own) if impl in BUNDLED and own.exists() else ""
     try:
-        load_expectations(given)
-    except pytest.UsageError as e:
+        options.load_expectations(options.flag("expectations", given))
+    except options.BadInput as e:
         raise Stop("bad-input", str(e)) from None
     return given
 
@@ -90,7 +87,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def parser() -> Parser:
-    from gpujail.plugin import OPTIONS
+    from gpujail.options import OPTIONS
     help_of = {name: help_ for name, _, _, help_ in OPTIONS}
     # The plugin's environment variables are the defaults here too (GPUJAIL_IMPL, ...).
     env = {name: os.environ.get(var, default) for name, var, default, _ in OPTIONS}

@@ -1,0 +1,232 @@
+"""The suite's options and the one validator of their values, for the command and the plugin alike.
+
+How this works
+--------------
+`OPTIONS` is the table both front doors read: `gpujail run` makes its flags from it, the pytest
+plugin its option group (each option also an ini key and an environment variable). A value comes
+from the command line, else the environment, else the ini file, else the table's default
+(`value`), and carries where it came from, so that a bad one is named the way the user gave it:
+`--impl 'sh /no/such.sh'`, `GPUJAIL_IMPL='...' (environment)`, `impl = '...' (ini file tox.ini)`.
+
+The checks (`check_impl`, `check_backend`, `check_count`, `load_expectations`) raise `BadInput`
+with one line, what was given and what is wrong with it; the command turns it into exit code 2,
+the plugin into `pytest.UsageError`. Nothing here imports pytest: `value` reads any object with
+pytest's `getoption`/`getini`.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str       # the command-line flag without its dashes; the ini key is this with '_' for '-'
+    env: str
+    default: str
+    help: str
+
+    @property
+    def key(self) -> str:
+        return self.name.replace("-", "_")
+
+    def __iter__(self):   # (name, env, default, help), as callers unpack it
+        return iter((self.name, self.env, self.default, self.help))
+
+
+OPTIONS = [
+    Option("impl", "GPUJAIL_IMPL", "reference",
+           "implementation under test: reference, legacy, direct, example-shell, mutant:NAME, or a command "
+           "string with {jail} {node} {role}"),
+    Option("backend", "GPUJAIL_BACKEND", "kernel", "kernel | model | docker"),
+    Option("workers", "GPUJAIL_WORKERS", "8", "parallel workers for multi-worker tests"),
+    Option("seed", "GPUJAIL_TEST_SEED", "0", "seed for randomised schedules"),
+    Option("expectations", "GPUJAIL_EXPECTATIONS", "", "TOML file of expected failures (strict xfail)"),
+    Option("gpujail-report", "GPUJAIL_REPORT", "", "write a JSON summary per requirement to this file"),
+    Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
+           "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
+]
+BY_NAME = {o.name: o for o in OPTIONS}
+SELF_CHECK_MODES = ("once", "always")
+EXPECTATION_SECTIONS = ("implementation", "requirements", "tests", "intermittent")
+# Interpreters whose first non-option argument is the script they run (`bash vendor.sh -j {jail}`);
+# `-c` and `-m` name code or a module instead.
+INTERPRETERS = ("sh", "bash", "dash", "ksh", "zsh", "python", "python3", "perl", "ruby", "node")
+
+
+class BadInput(ValueError):
+    """One line: what was given (and where) and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class Value:
+    name: str
+    text: str
+    source: str          # "command line", "environment", "ini", "default"
+    ini_file: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def given(self) -> bool:
+        return self.source != "default"
+
+    @property
+    def label(self) -> str:
+        """The value as the user wrote it, for an error message."""
+        o = BY_NAME[self.name]
+        if self.source == "environment":
+            return f"{o.env}={self.text!r} (environment)"
+        if self.source == "ini":
+            return f"{o.key} = {self.text!r} (ini file {self.ini_file})"
+        if self.source == "default":
+            return f"--{o.name} {self.text!r} (default)"
+        return f"--{o.name} {self.text!r}"
+
+
+def value(config, name: str) -> Value:
+    """Option `name` of a pytest config: command line, then environment, then ini, then default."""
+    o = BY_NAME[name]
+    given = config.getoption(o.key)
+    if given is not None:
+        return Value(name, str(given), "command line")
+    if os.environ.get(o.env) is not None:
+        return Value(name, os.environ[o.env], "environment")
+    ini = config.getini(o.key)
+    if ini:
+        return Value(name, str(ini), "ini", str(getattr(config, "inipath", "") or ""))
+    return Value(name, o.default, "default")
+
+
+def option(config, name: str) -> str:
+    return value(config, name).text
+
+
+def flag(name: str, text: str) -> Value:
+    """A value given on the command line (`gpujail run --impl X`)."""
+    return Value(name, str(text), "command line")
+
+
+# -- the checks ---------------------------------------------------------------------------------
+
+def check_impl(impl: Value) -> None:
+    """A bundled name, `mutant:NAME`, or a command whose program is on PATH (or an executable file)
+    and whose script, if an interpreter runs one, is a readable file named by absolute path (the
+    implementation starts with the jail as its working directory: CONTRACT.md)."""
+    from gpujail.contract import BUNDLED, UnknownImplementation, command_for
+    text = impl.text
+    if text in BUNDLED:
+        return
+    try:
+        command_for(text, "/jail", "node", "gpu-worker")   # mutant names, parsing, an empty command
+    except UnknownImplementation as e:
+        raise BadInput(f"{impl.label}: {e}") from None
+    if text.startswith("mutant:"):
+        return
+    words = shlex.split(text)
+    problem = _program_problem(words[0])
+    if not problem and os.path.basename(words[0]).rstrip("0123456789.") in INTERPRETERS:
+        script = _script_of(words[1:])
+        problem = _file_problem(script, "script", os.R_OK) if script else None
+    if problem:
+        raise BadInput(f"{impl.label}: {problem} (bundled: {', '.join(BUNDLED)}, mutant:NAME)")
+
+
+def _program_problem(word: str) -> str | None:
+    if "{" in word:
+        return None
+    if "/" not in word:
+        return None if shutil.which(word) else f"{word}: not found on PATH"
+    problem = _file_problem(word, "program", os.X_OK)
+    if problem:
+        return problem
+    with open(word, "rb") as f:
+        first = f.readline(200)
+    if first.startswith(b"#!"):   # a script run directly: its interpreter must exist too
+        interp = first[2:].split()
+        if interp:
+            name = interp[1].decode() if os.path.basename(interp[0]) == b"env" and len(interp) > 1 else interp[0].decode()
+            if ("/" in name and not os.access(name, os.X_OK)) or ("/" not in name and not shutil.which(name)):
+                return f"{word}: its interpreter {name} (#! line) is not found"
+    return None
+
+
+def _script_of(args: list[str]) -> str | None:
+    for word in args:
+        if word.startswith("-") and not word.startswith("--") and set(word[1:]) & {"c", "m"}:
+            return None   # `sh -c CODE`, `bash -ec CODE`, `python3 -m MODULE`
+        if not word.startswith("-"):
+            return None if "{" in word else word
+    return None
+
+
+def _file_problem(path: str, what: str, mode: int) -> str | None:
+    if not os.path.isabs(path):
+        return (f"{what} {path}: a relative path, but the implementation starts in the jail (CONTRACT.md); "
+                "name it by its absolute path")
+    if not os.path.exists(path):
+        return f"{what} {path}: no such file"
+    if not os.path.isfile(path):
+        return f"{what} {path}: not a regular file"
+    if not os.access(path, mode):
+        return f"{what} {path}: not {'executable' if mode == os.X_OK else 'readable'}"
+    return None
+
+
+def check_backend(backend: Value) -> None:
+    from gpujail.backends import NAMES
+    if backend.text not in NAMES:
+        raise BadInput(f"{backend.label}: expected one of {', '.join(NAMES)}")
+
+
+def check_count(v: Value) -> int:
+    """--workers, --seed: a non-negative integer."""
+    if not v.text.isdigit():
+        raise BadInput(f"{v.label}: expected a non-negative integer")
+    return int(v.text)
+
+
+def check_self_checks(v: Value) -> None:
+    if v.text not in SELF_CHECK_MODES:
+        raise BadInput(f"{v.label}: expected one of {', '.join(SELF_CHECK_MODES)}")
+
+
+def load_expectations(v: Value) -> dict:
+    """The expectations file named by `v` ('' for none), checked: it exists, parses as TOML, has
+    only the known sections and names only known requirement IDs."""
+    from gpujail.spec import REQUIREMENTS
+    empty = {"requirements": {}, "tests": {}, "intermittent": {}}
+    if not v.text:
+        return empty
+    try:
+        data = tomllib.loads(Path(v.text).read_text())
+    except FileNotFoundError:
+        raise BadInput(f"{v.label}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"{v.label}: cannot read it: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"{v.label}: not TOML: {e}") from None
+    unknown = sorted(set(data) - set(EXPECTATION_SECTIONS))
+    if unknown:
+        raise BadInput(f"{v.label}: unknown section(s) {', '.join(unknown)} (known: {', '.join(EXPECTATION_SECTIONS)})")
+    bad = sorted(set(data.get("requirements", {})) - set(REQUIREMENTS))
+    if bad:
+        raise BadInput(f"{v.label}: unknown requirement ID(s) {', '.join(bad)} (gpujail/spec.py)")
+    return {section: data.get(section, {}) for section in empty}
+
+
+def check_all(read) -> tuple[dict[str, Value], dict]:
+    """Every option read by `read(name) -> Value`, checked. Returns the values by name and the
+    expectations table."""
+    values = {o.name: read(o.name) for o in OPTIONS}
+    check_backend(values["backend"])
+    check_count(values["workers"])
+    check_count(values["seed"])
+    check_self_checks(values["self-checks"])
+    check_impl(values["impl"])
+    return values, load_expectations(values["expectations"])
