@@ -1,4 +1,6 @@
-"""Shared fixtures: a fresh jail per test, a fleet of kernel-backend nodes on it, the run's history.
+"""The self-tests (tests/) ask for the gpujail plugin's fixtures: a fresh jail per test (`jail`), a
+fleet of kernel-backend nodes on it (`fleet`), the run's history and barriers (`run_dir`), the
+implementation under test (`impl`).
 
 Each test gets its own jail, history file and barrier directory under its own tmp_path, so tests
 run in parallel under `pytest -n auto` without sharing a jail, a lock or a temp directory.
@@ -7,33 +9,10 @@ from __future__ import annotations
 
 import os
 
-import pytest
-from gpujail.fixtures.jail import make_jail
-
-from gpujail.plugin import open_fleet
-
-# The suite's plugin (also an installed `pytest11` entry point under the same name, so pytest
-# registers it once either way).
+# The plugin is installed (entry point `pytest11`) but quiet until asked; this asks (see
+# gpujail/plugin.py). `pytest_plugins` loads it even where entry points are not autoloaded.
 pytest_plugins = ["gpujail.plugin"]
-
-
-@pytest.fixture
-def jail(tmp_path):
-    return make_jail(tmp_path / "jail")
-
-
-@pytest.fixture
-def run_dir(tmp_path):
-    d = tmp_path / "run"
-    (d / "barriers").mkdir(parents=True)
-    return d
-
-
-@pytest.fixture
-def fleet(jail, run_dir):
-    """Kernel-backend nodes on `jail`; all killed (namespaces, mounts, processes) at teardown."""
-    with open_fleet(jail, run_dir) as f:
-        yield f
+GPUJAIL_SUITE = True
 
 
 def pytest_configure(config):

@@ -14,8 +14,7 @@ from __future__ import annotations
 import pytest
 from gpujail.chaos import runner, scenario
 
-from gpujail.plugin import fleet_class, option
-from gpujail.report import artefacts_dir
+from gpujail.options import option
 
 RANDOM_SEEDS = 3
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-4", "INV-5", "INV-6")]
@@ -36,15 +35,14 @@ def cases():
 
 
 @pytest.mark.parametrize("name,mode,seed_offset", list(cases()))
-def test_scenario(name, mode, seed_offset, impl, request, tmp_path):
-    fleet = fleet_class(option(request.config, "backend"))
+def test_scenario(name, mode, seed_offset, impl, fleet_class, artefacts_dir, request, tmp_path):
     seed = int(option(request.config, "seed")) + seed_offset
     sc = scenario.load(name)
     result = runner.run(sc.randomised() if mode == "random" else sc, impl, tmp_path / "run", seed=seed,
-                        fleet_class=fleet)
+                        fleet_class=fleet_class)
     failed, undecided = judge(result, request)
     if failed or undecided:
-        keep_artefacts(result, request)
+        result.keep(artefacts_dir)
     assert not failed and not undecided, result.report()
 
 
@@ -56,35 +54,27 @@ def judge(result, request) -> tuple[list[str], list[str]]:
     return result.judge()
 
 
-def keep_artefacts(result, request) -> None:
-    """A failing run's history, final state and timeline picture go next to the test reports
-    (reports/chaos/<test>/), where CI keeps them, report.html shows them and a person opens the
-    timeline."""
-    result.keep(artefacts_dir(request.config, request.node.nodeid))
-
-
 PER_FILE = ["cli.before_mkdir", "cli.before_create", "cli.before_mount", "cli.after_mount", "cli.after_remount",
             "cli.before_remove"]
 ONCE = ["cli.before_list", "cli.after_list", "cli.before_ldconfig", "cli.before_exit", "cli.before_cleanup"]
 
 
 @pytest.mark.parametrize("failpoint", PER_FILE + ONCE)
-def test_cli_error_at_every_failpoint(failpoint, impl, request, tmp_path):
+def test_cli_error_at_every_failpoint(failpoint, impl, fleet_class, artefacts_dir, request, tmp_path):
     """SPEC section 7, "CLI error at any failpoint": five workers start on a cold jail and w4's CLI
     fails at `failpoint` (per-file steps: at the 4th hit, after waiting until the others are
     ready; once-per-run steps: at once). Nobody may lose a file and everyone converges.
     (w0 is also made to fail at cli.before_mount, so that cli.before_cleanup/before_remove have a
     cleanup to interrupt.) Whether a step is reached at all depends on the implementation: with
     markers in place the CLI creates nothing, so mkdir/create faults never fire there."""
-    fleet = fleet_class(option(request.config, "backend"))
     term = "3*off->1*pause(late)->return(EIO)" if failpoint in PER_FILE else "return(EIO)"
     faults = [scenario.Fault("w4", failpoint, term)]
     if failpoint in ("cli.before_cleanup", "cli.before_remove"):
         faults.append(scenario.Fault("w4", "cli.before_mount", "8*off->return(EIO)"))
     sc = scenario.Scenario(name=f"cli-error-at-{failpoint}", gpu_workers=5, max_restarts=2,
                            barriers=["late"] if failpoint in PER_FILE else [], faults=faults)
-    result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")), fleet_class=fleet)
+    result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")), fleet_class=fleet_class)
     failed, undecided = judge(result, request)
     if failed or undecided:
-        keep_artefacts(result, request)
+        result.keep(artefacts_dir)   # history, final state, timeline: beside the reports, where CI keeps them
     assert not failed and not undecided, result.report()

@@ -2,9 +2,11 @@
 K-1, K-3, K-4, K-5 (K-2 needs a network file system and is not checked here).
 
 Vendors' implementations call the fake exactly as they would call the real CLI, so its fidelity is
-part of conformance. These tests run the fake directly in kernel-backend nodes (they do not depend
-on --impl) and judge from outside: exit codes and stderr, the jail as the host sees it, the node's
-mount table, the recorded history, and what a job in a node sees through the jail.
+a precondition of conformance: these are the harness's self-checks (marker `self_check`), reported
+in their own table and never counted for or against an implementation. They run the fake directly
+in kernel-backend nodes (they do not depend on --impl) and judge from outside: exit codes and
+stderr, the jail as the host sees it, the node's mount table, the recorded history, and what a job
+in a node sees through the jail.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from gpujail.fixtures import jail as jail_image
 from gpujail.backends.probes import gpu_files
 from gpujail.world.failpoints import REGISTRY, Barrier
 
-pytestmark = pytest.mark.kernel
+# Harness self-checks: run first, once per host and code version, and never counted for or against
+# an implementation (gpujail/plugin.py).
+pytestmark = [pytest.mark.kernel, pytest.mark.self_check]
 VERSION = drivers.DEFAULT_VERSION
 LIB, LIB32 = "usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu"
 CONFIGURE = ("configure", "--compute", "--utility", "--device=all", "--ldconfig=/usr/bin/true")

@@ -197,13 +197,12 @@ def test_non_debian_jail(world):
 
 
 @pytest.mark.req("REF-2")
-def test_jail_path_with_spaces(tmp_path, impl, request):
+def test_jail_path_with_spaces(tmp_path, open_world):
     """The jail path may contain spaces; every word stays one argument, and the mount table's
     escaped form (\\040) is understood."""
-    from gpujail.plugin import World, open_fleet, option
     jail = jail_image.make_jail(tmp_path / "my jail")
-    with open_fleet(jail, tmp_path / "run", backend=option(request.config, "backend")) as fleet:
-        w = World(fleet, jail, impl, tmp_path / "run").start("w")
+    with open_world(jail) as world:
+        w = world.start("w")
         assert w.ready, w.attempts[-1].stderr
         assert lost(w, jail) == []
 

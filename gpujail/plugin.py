@@ -1,178 +1,170 @@
-"""The pytest plugin: options, the `req` marker, expectations as strict xfails, the JSON summary.
+"""The pytest plugin: quiet until asked; then fixtures, the `req` marker, expectations, self-checks, reports.
 
 How this works
 --------------
-Installed with the package (entry point `pytest11`), so a vendor runs
-`pytest --pyargs conformance --impl 'bash mine.sh -j {jail}'` without cloning. Options live in one
-group; each is also an ini key and an environment variable (command line > environment > ini).
+Installed with the package (entry point `pytest11`), this module only adds its options, in one
+group, each also an ini key and an environment variable (gpujail/options.py). Like pytest-xdist
+and pytest-timeout it does nothing else until asked: in a project that does not use it, tests,
+fixtures and markers behave as if gpujail were absent. It acts (registers `Suite`, the real
+plugin, for this session) when
 
-* `req("REF-5", ...)` names the SPEC requirements a test checks; an unknown ID is a collection error.
-* `--expectations FILE` (TOML, in the manner of web-platform-tests metadata) lists, per
-  implementation, the requirement IDs and tests expected to fail, each with the reason. They become
-  strict xfails: the run is green exactly when the implementation fails what it should, and an
-  unexpected pass is reported as a failure.
-* `--gpujail-report FILE` writes a JSON summary per requirement (passed, failed, expected-fail,
-  skipped with reasons), with the run info (implementation, backend, contract version), and
-  `report.html` beside it for people (conformance/report.py); pytest's own `--junitxml` gives the
-  per-test report.
-* The `world` fixture gives a test a fresh jail and a fleet of worker nodes on the chosen backend,
-  and starts the implementation under test as a worker through the contract.
+* `--impl` is given (or its ini key `impl`, or `GPUJAIL_IMPL`), or
+* a conftest that sets `GPUJAIL_SUITE = True` is loaded: the suites' own (conformance/, chaos/,
+  which is how `gpujail run` and `pytest --pyargs gpujail.conformance` work from an installed
+  package) and the repository's root conftest, for the self-tests that use the fixtures.
+
+Then every option is checked first (one line per mistake, naming what was given and where: the
+validator `gpujail run` uses too), and:
+
+* `req("REF-5", ...)` names the SPEC requirements a test checks; an unknown ID is a usage error.
+* `--expectations FILE` (TOML, like web-platform-tests metadata) lists the requirement IDs and
+  tests an implementation is expected to fail, with the reason; they become strict xfails, so the
+  run is green exactly when the implementation fails what it should.
+* Tests marked `self_check` (the fake CLI's fidelity and the kernel facts, CLI-* and K-*) do not
+  depend on the implementation: they run first, and once per host and code version (`--self-checks
+  once`; a cached pass is a skip saying when it was checked). They are reported apart and never
+  count for or against the implementation; one failing makes the run an error (exit 3 from pytest,
+  5 from `gpujail run`): the harness itself is wrong here, so the vendor's results say nothing.
+* `--gpujail-report FILE` writes the JSON summary (gpujail/report.py) and `report.html` beside it.
+* Fixtures: `impl`, `jail`, `run_dir`, `fleet` (kernel nodes), `fleet_class` (the chosen backend's),
+  `world` (a jail, a fleet and the implementation under test), `open_world` (the same on a jail of
+  the test's own), `artefacts_dir` (where a failing chaos run keeps its files).
 """
 from __future__ import annotations
 
+import datetime
 import fnmatch
+import hashlib
+import importlib
 import json
 import os
-import tomllib
+import sys
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from gpujail.spec import PENDING, REQUIREMENTS
+from gpujail import options
+from gpujail.options import OPTIONS, BadInput  # noqa: F401 (OPTIONS: the table, as before)
+from gpujail.report import CHAOS_DIR, HARNESS_FAMILIES, artefact_name, write_html
+from gpujail.spec import CONTRACT_VERSION, PENDING, REQUIREMENTS
 
-OPTIONS = [  # (name, env, default, help)
-    ("impl", "GPUJAIL_IMPL", "reference",
-     "implementation under test: reference, legacy, direct, example-shell, or a command string "
-     "with {jail} {node} {role}"),
-    ("backend", "GPUJAIL_BACKEND", "kernel", "kernel | model | docker"),
-    ("workers", "GPUJAIL_WORKERS", "8", "parallel workers for multi-worker tests"),
-    ("seed", "GPUJAIL_TEST_SEED", "0", "seed for randomised schedules"),
-    ("expectations", "GPUJAIL_EXPECTATIONS", "", "TOML file of expected failures (strict xfail)"),
-    ("gpujail-report", "GPUJAIL_REPORT", "", "write a JSON summary per requirement to this file"),
-]
+ASK = "GPUJAIL_SUITE"   # a conftest setting this to True asks the plugin to act
+SELF_CHECK = "self_check"
+CACHED = "already checked on this host"   # a self-check's skip reason when it passed here before
+
+option = options.option
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("gpujail", "GPU driver mounts on a shared jail (conformance and chaos)")
-    for name, env, default, help_ in OPTIONS:
-        group.addoption(f"--{name}", dest=name.replace("-", "_"), default=None,
-                        help=f"{help_} (env {env}, ini {name.replace('-', '_')}; default {default!r})")
-        parser.addini(name.replace("-", "_"), help_, default=default)
-
-
-def option(config, name: str) -> str:
-    """Command line, then environment, then ini."""
-    key = name.replace("-", "_")
-    env = next(e for n, e, _, _ in OPTIONS if n == name)
-    value = config.getoption(key)
-    if value is None:
-        value = os.environ.get(env)
-    if value is None:
-        value = config.getini(key)
-    return str(value)
+    for o in OPTIONS:
+        group.addoption(f"--{o.name}", dest=o.key, default=None,
+                        help=f"{o.help} (env {o.env}, ini {o.key}; default {o.default!r})")
+        parser.addini(o.key, o.help, default="")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "req(*ids): the SPEC requirement IDs this test checks")
-    config.addinivalue_line("markers", "kernel: needs the kernel backend")
-    config.addinivalue_line("markers", "scale: a big run (128 workers); deselected unless `-m scale`")
-    config.addinivalue_line("markers", "model: runs in the model backend's simulation; collected with --backend model")
-    backend = option(config, "backend")
-    from gpujail.backends import NAMES
-    if backend not in NAMES:
-        raise pytest.UsageError(f"--backend {backend!r}: expected one of {', '.join(NAMES)}")
-    for name in ("workers", "seed"):
-        value = option(config, name)
-        if not value.isdigit():
-            raise pytest.UsageError(f"--{name} {value!r}: expected a non-negative integer")
-    check_impl(option(config, "impl"))
-    config._gpujail_expectations = load_expectations(option(config, "expectations"))
-    config._gpujail_results = Results()
-    config.pluginmanager.register(config._gpujail_results)
+    if options.value(config, "impl").given:
+        activate(config)
+    else:   # a suite's conftest may still ask, now (initial conftests) or during collection
+        config.pluginmanager.register(Listener(config), "gpujail.listener")
 
 
-def check_impl(impl: str) -> None:
-    """An unknown implementation is one usage error up front, not a failure in every test."""
-    import shlex
-    import shutil
+class Listener:
+    """Waits for a conftest that asks for the plugin (`GPUJAIL_SUITE = True`)."""
 
-    from gpujail.contract import BUNDLED, UnknownImplementation, command_for
-    try:
-        argv = command_for(impl, "/jail", "node", "gpu-worker")
-    except UnknownImplementation as e:
-        raise pytest.UsageError(f"--impl {impl!r}: {e}") from None
-    if impl not in BUNDLED and not impl.startswith("mutant:") and "/" not in argv[0] and not shutil.which(argv[0]):
-        raise pytest.UsageError(f"--impl {impl!r}: {shlex.quote(argv[0])} is neither a bundled implementation "
-                                f"({', '.join(BUNDLED)}, mutant:NAME) nor a command on PATH")
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_plugin_registered(self, plugin):
+        if getattr(plugin, ASK, False) is True:
+            activate(self.config)
 
 
-def load_expectations(path: str) -> dict:
-    if not path:
-        return {"requirements": {}, "tests": {}, "intermittent": {}}
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise pytest.UsageError(f"--expectations {path}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise pytest.UsageError(f"--expectations {path}: {e}") from None
-    unknown = sorted(set(data) - {"implementation", "requirements", "tests", "intermittent"})
-    if unknown:
-        raise pytest.UsageError(f"--expectations {path}: unknown section(s) {', '.join(unknown)}")
-    bad = sorted(set(data.get("requirements", {})) - set(REQUIREMENTS))
-    if bad:
-        raise pytest.UsageError(f"--expectations {path}: unknown requirement ID(s) {', '.join(bad)}")
-    return {"requirements": data.get("requirements", {}), "tests": data.get("tests", {}),
-            "intermittent": data.get("intermittent", {})}
+def activate(config) -> None:
+    if config.pluginmanager.get_plugin("gpujail.suite") is None:
+        config.pluginmanager.register(Suite(config), "gpujail.suite")
 
 
-def requirement_ids(item) -> list[str]:
-    return [i for m in item.iter_markers("req") for i in m.args]
+# -- the plugin at work -------------------------------------------------------------------------
 
+class Suite:
+    """The plugin for one session (per config, so a nested session, e.g. pytester's, keeps its own)."""
 
-def pytest_collection_modifyitems(config, items):
-    # Big runs (128 workers) are opt-in: deselected (and counted as such) unless `-m scale` asks.
-    if "scale" not in (config.getoption("markexpr", "") or ""):
-        big = [i for i in items if i.get_closest_marker("scale")]
-        if big:
-            config.hook.pytest_deselected(items=big)
-            items[:] = [i for i in items if not i.get_closest_marker("scale")]
-    # `--backend model` runs the tests written for the simulation (marker `model`), every other
-    # backend runs the rest: each collects its own, and the deselected are counted, never skipped.
-    on_model = option(config, "backend") == "model"
-    other = [i for i in items if bool(i.get_closest_marker("model")) != on_model]
-    if other:
-        config.hook.pytest_deselected(items=other)
-        items[:] = [i for i in items if i not in other]
-    exp = config._gpujail_expectations
-    for item in items:
-        ids = requirement_ids(item)
-        unknown = [i for i in ids if i not in REQUIREMENTS]
-        if unknown:
-            raise pytest.UsageError(f"{item.nodeid}: unknown requirement ID(s) {', '.join(unknown)} "
-                                    "(see gpujail/spec.py)")
-        item.user_properties.append(("requirements", ",".join(ids)))
+    def __init__(self, config):
+        try:
+            self.values, self.expectations = options.check_all(lambda name: options.value(config, name))
+        except BadInput as e:
+            raise pytest.UsageError(str(e)) from None
+        self.config = config
+        self.by_requirement: dict[str, list] = defaultdict(list)
+        self.self_checks: dict[str, list] = defaultdict(list)
+        for line in ("req(*ids): the SPEC requirement IDs this test checks",
+                     "kernel: needs the kernel backend",
+                     "scale: a big run (128 workers); deselected unless `-m scale`",
+                     "model: runs in the model backend's simulation; collected with --backend model",
+                     f"{SELF_CHECK}: a harness self-check (the fake CLI, kernel facts): run first, once per host "
+                     "and code version, reported apart, never counted for or against an implementation"):
+            config.addinivalue_line("markers", line)
+
+    def value(self, name: str) -> str:
+        return self.values[name].text
+
+    # -- collection ---------------------------------------------------------------------------
+
+    def pytest_collection_modifyitems(self, config, items):
+        # Big runs (128 workers) are opt-in: deselected (and counted as such) unless `-m scale` asks.
+        if "scale" not in (config.getoption("markexpr", "") or ""):
+            self._deselect(config, items, [i for i in items if i.get_closest_marker("scale")])
+        # `--backend model` runs the tests written for the simulation (marker `model`), every other
+        # backend runs the rest: each collects its own, and the deselected are counted, never skipped.
+        on_model = self.value("backend") == "model"
+        self._deselect(config, items, [i for i in items if bool(i.get_closest_marker("model")) != on_model])
+        checked = SelfCheckCache(self, items) if any(i.get_closest_marker(SELF_CHECK) for i in items) else None
+        for item in items:
+            ids = requirement_ids(item)
+            unknown = [i for i in ids if i not in REQUIREMENTS]
+            if unknown:
+                raise pytest.UsageError(f"{item.nodeid}: unknown requirement ID(s) {', '.join(unknown)} "
+                                        "(see gpujail/spec.py)")
+            item.user_properties.append(("requirements", ",".join(ids)))
+            if item.get_closest_marker(SELF_CHECK):
+                item.user_properties.append((SELF_CHECK, checked.key))
+                when = checked.passed.get(item.nodeid)
+                if when and self.value("self-checks") == "once":
+                    item.add_marker(pytest.mark.skip(reason=f"{CACHED} at {when}"))
+                continue   # an implementation's expectations never apply to the harness
+            self._expect(item, ids)
+        # The self-checks first: the run's precondition (xdist hands out tests in this order).
+        items.sort(key=lambda i: not i.get_closest_marker(SELF_CHECK))
+
+    @staticmethod
+    def _deselect(config, items, which) -> None:
+        if which:
+            config.hook.pytest_deselected(items=which)
+            items[:] = [i for i in items if i not in which]
+
+    def _expect(self, item, ids) -> None:
+        exp = self.expectations
         # A test named under [tests] is a strict expected failure, even where a wider [intermittent]
         # pattern also matches it; then [intermittent] (wpt's [PASS, FAIL]); then [requirements].
         reason = _match(item.nodeid, exp["tests"])
         flaky = None if reason else _match(item.nodeid, exp["intermittent"])
         if flaky:
             item.add_marker(pytest.mark.xfail(reason=f"known intermittent: {flaky}", strict=False))
-            continue
+            return
         reason = reason or next((f"{i}: {exp['requirements'][i]}" for i in ids if i in exp["requirements"]), None)
         if reason:
             item.add_marker(pytest.mark.xfail(reason=f"expected to fail: {reason}", strict=True))
 
-
-def _match(nodeid: str, table: dict) -> str | None:
-    """An expectations key names tests by node id suffix, with or without their parameters, and
-    may use shell wildcards (`test_scenario[cold-race-random-*]`)."""
-    for key, reason in table.items():
-        pattern = "*" + key.replace("[", "[[]")   # `[` opens a character class in fnmatch
-        if nodeid.endswith(key) or nodeid.split("[")[0].endswith(key) or fnmatch.fnmatchcase(nodeid, pattern):
-            return reason
-    return None
-
-
-class Results:
-    """Outcomes per requirement for one session (registered per config, so a nested session, e.g.
-    pytester's, keeps its own). One outcome per test: the worst of its phases."""
-
-    def __init__(self):
-        self.by_requirement = defaultdict(list)
+    # -- outcomes -----------------------------------------------------------------------------
 
     def pytest_runtest_logreport(self, report):
-        ids = dict(report.user_properties).get("requirements", "")
+        """One outcome per test (the worst of its phases), per requirement it cites; the
+        self-checks' in their own table."""
+        props = dict(report.user_properties)
         if report.when != "call" and report.outcome == "passed":
             return
         if hasattr(report, "wasxfail"):   # skipped: failed as expected; passed: an intermittent passed
@@ -188,36 +180,111 @@ class Results:
             crash = getattr(report.longrepr, "reprcrash", None)
             reason = (crash.message if crash else report.longreprtext.strip()[-300:]).splitlines()[0][:300]
         entry = {"test": report.nodeid, "status": status, "reason": reason, "duration": round(report.duration, 3)}
-        if "invariants" in dict(report.user_properties):   # a chaos run: each invariant's status
-            entry["invariants"] = dict(report.user_properties)["invariants"]
+        if "invariants" in props:   # a chaos run: each invariant's status
+            entry["invariants"] = props["invariants"]
+        table = self.self_checks if SELF_CHECK in props else self.by_requirement
+        ids = props.get("requirements", "")
         for rid in ids.split(",") if ids else ["(none)"]:
-            self.by_requirement[rid].append(entry)
+            table[rid].append(entry)
+        if SELF_CHECK in props:
+            entry["key"] = props[SELF_CHECK]
+
+    def pytest_sessionfinish(self, session):
+        if hasattr(self.config, "workerinput"):   # xdist workers: the controller reports
+            return
+        checks = self_check_summary(self.self_checks)
+        if checks["status"] != "failed":
+            SelfCheckCache.remember(self.self_checks)
+        elif session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR   # inconclusive, not the vendor's failure
+        self.checks = checks
+        path = self.value("gpujail-report")
+        if not path:
+            return
+        report = {"run_info": {"implementation": self.value("impl"), "backend": self.value("backend"),
+                               "contract_version": CONTRACT_VERSION, "seed": self.value("seed")},
+                  "requirements": by_requirement(self.by_requirement),
+                  "uncited": [r for r in REQUIREMENTS if r not in self.by_requirement and r not in PENDING
+                              and not r.startswith(HARNESS_FAMILIES)],
+                  "pending": {r: why for r, why in PENDING.items()},
+                  "self_checks": checks}
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=1))
+        write_html(report, Path(path).with_name("report.html"))   # for people, beside the summary
+
+    def pytest_terminal_summary(self, terminalreporter):
+        checks = getattr(self, "checks", None)
+        if checks and checks["status"] != "not run":
+            terminalreporter.write_sep("-", f"gpujail harness self-checks: {checks['status']}"
+                                       + (f": {checks['reason']}" if checks["reason"] else ""))
+
+    # -- fixtures -----------------------------------------------------------------------------
+
+    @pytest.fixture
+    def impl(self) -> str:
+        """The implementation under test (--impl)."""
+        return self.value("impl")
+
+    @pytest.fixture
+    def jail(self, tmp_path) -> Path:
+        """A fresh jail image under the test's own tmp_path."""
+        from gpujail.fixtures.jail import make_jail
+        return make_jail(tmp_path / "jail")
+
+    @pytest.fixture
+    def run_dir(self, tmp_path) -> Path:
+        d = tmp_path / "run"
+        (d / "barriers").mkdir(parents=True, exist_ok=True)
+        return d
+
+    @pytest.fixture
+    def fleet(self, jail, run_dir):
+        """Kernel-backend nodes on `jail`; all killed (namespaces, mounts, processes) at teardown."""
+        with backend_fleet("kernel").recording(jail, run_dir, "0") as f:
+            yield f
+
+    @pytest.fixture
+    def fleet_class(self):
+        """The chosen backend's `Fleet` (--backend); skips the test with the reason when this build
+        or this host cannot run it."""
+        return backend_fleet(self.value("backend"))
+
+    @pytest.fixture
+    def open_world(self, tmp_path, impl, fleet_class):
+        """`with open_world(jail) as world:` the implementation under test on a jail of the test's own."""
+        @contextmanager
+        def open_(jail: Path):
+            with fleet_class.recording(jail, tmp_path / "run", self.value("seed")) as fleet:
+                yield World(fleet, jail, impl, tmp_path / "run")
+        return open_
+
+    @pytest.fixture
+    def world(self, open_world, jail):
+        """A fresh jail and a fleet of worker nodes on the chosen backend, with the implementation under test."""
+        with open_world(jail) as w:
+            yield w
+
+    @pytest.fixture
+    def artefacts_dir(self, request) -> Path:
+        """Where this test keeps a failing chaos run's files: `<reports>/chaos/<test>/`, beside the
+        JSON summary (else `<rootdir>/reports`), where CI keeps them and report.html links them."""
+        summary = self.value("gpujail-report")
+        reports = Path(summary).parent if summary else Path(request.config.rootpath) / "reports"
+        return reports / CHAOS_DIR / artefact_name(request.node.nodeid)
 
 
-def pytest_sessionfinish(session):
-    config = session.config
-    path = option(config, "gpujail-report")
-    if not path or hasattr(config, "workerinput"):   # xdist workers: the controller writes it
-        return
-    from gpujail.spec import CONTRACT_VERSION
-    summary = {}
-    results = config._gpujail_results.by_requirement
-    for rid in sorted(results, key=_req_order):
-        tests = results[rid]
-        counts = defaultdict(int)
-        for t in tests:
-            counts[t["status"]] += 1
-        summary[rid] = {"counts": dict(counts), "tests": tests}
-    report = {"run_info": {"implementation": option(config, "impl"), "backend": option(config, "backend"),
-                           "contract_version": CONTRACT_VERSION, "seed": option(config, "seed")},
-              "requirements": summary,
-              "uncited": [r for r in REQUIREMENTS if r not in summary and r not in PENDING],
-              "pending": {r: why for r, why in PENDING.items()}}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report, indent=1))
-    # for people: report.html beside the summary
-    from gpujail.report import write_html
-    write_html(report, Path(path).with_name("report.html"))
+def requirement_ids(item) -> list[str]:
+    return [i for m in item.iter_markers("req") for i in m.args]
+
+
+def _match(nodeid: str, table: dict) -> str | None:
+    """An expectations key names tests by node id suffix, with or without their parameters, and
+    may use shell wildcards (`test_scenario[cold-race-random-*]`)."""
+    for key, reason in table.items():
+        pattern = "*" + key.replace("[", "[[]")   # `[` opens a character class in fnmatch
+        if nodeid.endswith(key) or nodeid.split("[")[0].endswith(key) or fnmatch.fnmatchcase(nodeid, pattern):
+            return reason
+    return None
 
 
 def _req_order(rid: str):
@@ -225,7 +292,93 @@ def _req_order(rid: str):
     return (family, int(n) if n.isdigit() else 0)
 
 
-# -- fixtures ---------------------------------------------------------------------------------
+def by_requirement(results: dict[str, list]) -> dict:
+    """Per requirement, in SPEC order: the counts per status and each test's entry."""
+    out = {}
+    for rid in sorted(results, key=_req_order):
+        counts: dict[str, int] = defaultdict(int)
+        for t in results[rid]:
+            counts[t["status"]] += 1
+        out[rid] = {"counts": dict(counts), "tests": results[rid]}
+    return out
+
+
+def self_check_summary(results: dict[str, list]) -> dict:
+    """The harness self-checks' table and verdict: failed (the run is inconclusive), passed,
+    cached (every one skipped as already checked on this host), or not run."""
+    tests = {t["test"]: t for entries in results.values() for t in entries}
+    failed = [t for t in tests.values() if t["status"] in ("failed", "error")]
+    cached = [t for t in tests.values() if t["status"] == "skipped" and CACHED in t["reason"]]
+    if failed:
+        status = "failed"
+        reason = (f"{len(failed)} of {len(tests)} failed, first {failed[0]['test']}: {failed[0]['reason']}; "
+                  "the harness is wrong on this host, so the run says nothing about the implementation")
+    elif not tests:
+        status, reason = "not run", ""
+    elif len(cached) == len(tests):
+        status, reason = "cached", cached[0]["reason"]
+    else:
+        status = "passed"
+        reason = f"{len(cached)} already checked on this host" if cached else ""
+    return {"status": status, "reason": reason, "requirements": by_requirement(results),
+            "uncited": [r for r in REQUIREMENTS if r.startswith(HARNESS_FAMILIES) and r not in results]}
+
+
+class SelfCheckCache:
+    """Which self-checks passed on this host with this code: one JSON file per (host, code) key
+    under the fixtures' cache directory, {node id: when}. The host is its name, kernel, machine,
+    user, Python and the backend; the code is every file the self-checks run (the fake CLI, the
+    world, the backends, the vocabulary, and the self-check modules themselves)."""
+
+    def __init__(self, suite: Suite, items):
+        import gpujail
+        root = Path(gpujail.__file__).parent
+        code = hashlib.sha256()
+        files = [root / "spec.py"] + sorted({Path(i.path) for i in items if i.get_closest_marker(SELF_CHECK)})
+        for sub in ("fixtures", "world", "backends"):
+            base = Path(importlib.import_module(f"gpujail.{sub}").__file__).parent
+            files += sorted(p for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        for p in files:
+            code.update(str(p.relative_to(p.parents[1])).encode() + b"\0" + p.read_bytes())
+        u = os.uname()
+        host = f"{u.nodename} {u.release} {u.version} {u.machine} uid={os.getuid()} {sys.version.split()[0]} " \
+               f"{suite.value('backend')}"
+        self.key = hashlib.sha256(host.encode() + code.digest()).hexdigest()[:16]
+        self.passed = self.load(self.key)
+
+    @staticmethod
+    def path(key: str) -> Path:
+        from gpujail.fixtures.drivers import cache_dir
+        return cache_dir() / "self-checks" / f"{key}.json"
+
+    @classmethod
+    def load(cls, key: str) -> dict[str, str]:
+        try:
+            return json.loads(cls.path(key).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    @classmethod
+    def remember(cls, results: dict[str, list]) -> None:
+        """Add the self-checks that passed in this run to their key's file."""
+        now = datetime.datetime.now().isoformat(timespec="seconds")
+        by_key: dict[str, dict] = defaultdict(dict)
+        for entries in results.values():
+            for t in entries:
+                if t["status"] == "passed":
+                    by_key[t["key"]][t["test"]] = now
+        for key, passed in by_key.items():
+            path = cls.path(key)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({**cls.load(key), **passed}, indent=1))
+                os.replace(tmp, path)
+            except OSError:   # a read-only cache: the checks run again next time
+                pass
+
+
+# -- the world a conformance test gets -------------------------------------------------------------
 
 class World:
     """A fresh jail and its worker nodes, with the implementation under test."""
@@ -253,36 +406,14 @@ class World:
         return str(self.run_dir / "barriers")
 
 
-@pytest.fixture
-def impl(request) -> str:
-    return option(request.config, "impl")
-
-
-def fleet_class(backend: str):
+def backend_fleet(backend: str):
     """The `Fleet` of `backend`; skips the test with the reason when this build or this host cannot
-    run that backend (gpujail/backends.py asks the backend's own module)."""
-    import importlib
-
+    run that backend (gpujail/backends asks the backend's own module)."""
     from gpujail import backends
     reason = backends.unavailable(backend)
     if reason:
         pytest.skip(reason)
     module = importlib.import_module(backends.MODULES[backend])
     if not hasattr(module, "Fleet"):
-        pytest.skip(f"backend {backend!r} has no worker fleet: it runs its own tests (conformance/test_model_backend.py)")
+        pytest.skip(f"backend {backend!r} has no worker fleet: it runs its own tests (marker `model`)")
     return module.Fleet
-
-
-def open_fleet(jail: Path, run_dir: Path, seed: str = "0", backend: str = "kernel"):
-    """A fleet of `backend` on `jail` that records into `run_dir` (history, barriers); skips the
-    test with the reason when this host cannot run that backend."""
-    return fleet_class(backend).recording(jail, run_dir, seed)
-
-
-@pytest.fixture
-def world(request, tmp_path, impl):
-    from gpujail.fixtures.jail import make_jail
-    backend_fleet = fleet_class(option(request.config, "backend"))   # skips before building a jail
-    jail = make_jail(tmp_path / "jail")
-    with backend_fleet.recording(jail, tmp_path / "run", option(request.config, "seed")) as fleet:
-        yield World(fleet, jail, impl, tmp_path / "run")

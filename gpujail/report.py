@@ -3,9 +3,11 @@
 How this works
 --------------
 The pytest plugin writes the JSON summary (`--gpujail-report reports/summary.json`: run info, per
-requirement the outcome of each test citing it, and for chaos tests the status of each invariant)
+requirement the outcome of each test citing it, and for chaos tests the status of each invariant;
+apart, under `self_checks`, the harness self-checks' verdict and their own table per requirement)
 and then calls `write_html`, which writes `report.html` beside it. Failing chaos runs have already
-left their history, final state and timeline in `<reports>/chaos/<test>/` (`artefacts_dir`); the
+left their history, final state and timeline in `<reports>/chaos/<test>/` (the plugin's
+`artefacts_dir` fixture); the
 page judges each history again with the checker (pure, so the verdict is the one the test saw) and
 puts its timeline SVG inline with the causal chain in words, so the page needs no other file.
 
@@ -25,24 +27,16 @@ from gpujail.spec import REQUIREMENTS
 STATUSES = ("passed", "failed", "expected-fail", "unexpected-pass", "passed-intermittent", "skipped")
 BAD = ("failed", "unexpected-pass")          # what makes a run red
 CHAOS_DIR = "chaos"                          # under the reports directory
+# The requirements on the harness itself (SPEC: the fake CLI's fidelity, the kernel facts): checked
+# by the self-checks, reported in their own table, never counted for or against an implementation.
+HARNESS_FAMILIES = ("CLI-", "K-")
 
 
 # -- where things are --------------------------------------------------------------------------
 
-def reports_dir(config) -> Path:
-    """Where this run's reports go: beside the JSON summary, else `<rootdir>/reports`."""
-    from gpujail.plugin import option
-    summary = option(config, "gpujail-report")
-    return Path(summary).parent if summary else Path(config.rootpath) / "reports"
-
-
 def artefact_name(test: str) -> str:
     """A test's directory name under reports/chaos/: its name (without the file part), made safe."""
     return re.sub(r"[^\w.+-]+", "_", test.split("::")[-1])
-
-
-def artefacts_dir(config, test: str) -> Path:
-    return reports_dir(config) / CHAOS_DIR / artefact_name(test)
 
 
 # -- the one aggregation of a summary ------------------------------------------------------------
@@ -110,13 +104,10 @@ def text(report: dict) -> str:
     info = report["run_info"]
     lines = [f"{info['implementation']} on the {info['backend']} backend (contract {info['contract_version']}, "
              f"seed {info['seed']}): {len(tests_of(report))} tests, {counts_text(totals(report))}", "", "requirements:"]
-    rows = requirement_rows(report)
-    width = max((len(counts_text(counts)) for _, _, counts in rows), default=0)
-    for rid, what, counts in rows:
-        mark = "!" if any(counts.get(s) for s in BAD) else " "
-        lines.append(f" {mark}{rid:<7} {counts_text(counts):<{width}}  {what}")
-    if report.get("uncited"):
-        lines.append(f"  not checked by any test that ran: {', '.join(report['uncited'])}")
+    checks = self_checks(report)
+    if checks["status"] == "failed":
+        lines[:0] = [f"HARNESS SELF-CHECKS FAILED: {checks['reason']}", ""]
+    lines += requirement_lines(report)
     for rid, why in report.get("pending", {}).items():
         lines.append(f"  {rid} pending: {why}")
     inv = invariant_rows(report)
@@ -128,11 +119,32 @@ def text(report: dict) -> str:
             expected = len(failing) - len(unexpected(failing))
             lines.append(f" {mark}{rid:<7} {name:<24} " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
                          + (f" ({expected} expected)" if expected else ""))
-    bad = failures(report)
+    if checks["status"] != "not run":
+        lines += ["", f"harness self-checks (the fake CLI, kernel facts; not counted for the implementation): "
+                      f"{checks['status']}" + (f", {checks['reason']}" if checks["reason"] else "")]
+        lines += requirement_lines(checks)
+    bad = failures(report) + failures(checks)
     if bad:
         lines += ["", "failed:"]
         lines += [f"  {t['test']} ({t['status']}): {t['reason']}" for t in bad]
     return "\n".join(lines)
+
+
+def requirement_lines(section: dict) -> list[str]:
+    rows = requirement_rows(section)
+    width = max((len(counts_text(counts)) for _, _, counts in rows), default=0)
+    lines = []
+    for rid, what, counts in rows:
+        mark = "!" if any(counts.get(s) for s in BAD) else " "
+        lines.append(f" {mark}{rid:<7} {counts_text(counts):<{width}}  {what}")
+    if section.get("uncited"):
+        lines.append(f"  not checked by any test that ran: {', '.join(section['uncited'])}")
+    return lines
+
+
+def self_checks(report: dict) -> dict:
+    """The harness self-checks' part of a summary (an empty one for a summary written without them)."""
+    return report.get("self_checks") or {"status": "not run", "reason": "", "requirements": {}, "uncited": []}
 
 
 # -- the HTML page -----------------------------------------------------------------------------
@@ -169,6 +181,20 @@ def reproduce_command(test: str, events: list[dict], impl: str) -> str:
     return f"gpujail run --impl {shlex.quote(impl)} -- {shlex.quote(test)}"
 
 
+def requirement_table(section: dict) -> list[str]:
+    """A summary's (or its self-checks') requirements as HTML table rows, then the uncited ones."""
+    cols = STATUSES
+    req = ["<table class='gj-t'><tr><th>requirement</th><th>what</th>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
+    for rid, what, counts in requirement_rows(section):
+        cls = "gj-bad" if any(counts.get(s) for s in BAD) else "gj-xf" if counts.get("expected-fail") else ""
+        req.append(f"<tr class='{cls}'><td>{esc(rid)}</td><td>{esc(what)}</td>"
+                   + "".join(f"<td class='gj-n'>{counts.get(c, '') or ''}</td>" for c in cols) + "</tr>")
+    req.append("</table>")
+    if section.get("uncited"):
+        req.append(f"<p>Not checked by any test that ran: {esc(', '.join(section['uncited']))}</p>")
+    return req
+
+
 CSS = """
 body {font-family: sans-serif; margin: 1em 2em; color: #212121}
 h1 {font-size: 1.4em} h2 {font-size: 1.15em; margin-top: 1.6em} h3 {font-size: 1em}
@@ -198,17 +224,12 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
     def link(test: str) -> str:
         return f"<a href='#{esc(artefact_name(test))}'>{esc(test)}</a>" if test in shown else esc(test)
 
-    cols = STATUSES
-    req = ["<table class='gj-t'><tr><th>requirement</th><th>what</th>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
-    for rid, what, counts in requirement_rows(report):
-        cls = "gj-bad" if any(counts.get(s) for s in BAD) else "gj-xf" if counts.get("expected-fail") else ""
-        req.append(f"<tr class='{cls}'><td>{esc(rid)}</td><td>{esc(what)}</td>"
-                   + "".join(f"<td class='gj-n'>{counts.get(c, '') or ''}</td>" for c in cols) + "</tr>")
-    req.append("</table>")
-    if report.get("uncited"):
-        req.append(f"<p>Not checked by any test that ran: {esc(', '.join(report['uncited']))}</p>")
+    req = requirement_table(report)
     for rid, why in report.get("pending", {}).items():
         req.append(f"<p>{esc(rid)} pending: {esc(why)}</p>")
+    checks = self_checks(report)
+    if checks["status"] == "failed":
+        head = "ERROR"
     inv = ["<table class='gj-t'><tr><th>invariant</th><th></th><th>PASS</th><th>FAIL</th><th>UNKNOWN</th>"
            "<th>failing runs</th></tr>"]
     for rid, name, counts, failing in invariant_rows(report):
@@ -219,7 +240,7 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
     inv.append("</table>")
     fails = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{link(t['test'])}</td>"
              f"<td>{esc(t['status'])}</td><td>{esc(t['reason'])}</td></tr>"
-             for t in failures(report, BAD + ("expected-fail",))]
+             for t in failures(report, BAD + ("expected-fail",)) + failures(checks)]
     runs = []
     for r in judged:
         t = r["test"]
@@ -232,13 +253,18 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
 <style>{CSS}{timeline.LEGEND_CSS}</style></head>
 <body>
 <h1>gpujail run: <code>{esc(info['implementation'])}</code> on the {esc(info['backend'])} backend:
-<span class="{'gj-fail' if bad else 'gj-pass'}">{head}</span></h1>
+<span class="{'gj-pass' if head == 'PASS' else 'gj-fail'}">{head}</span></h1>
 <p>Contract {esc(info['contract_version'])}, seed {esc(info['seed'])}: {len(tests_of(report))} tests,
 {esc(counts_text(totals(report)))}.</p>
+{f"<p class='gj-fail'>Harness self-checks failed: {esc(checks['reason'])}</p>" if head == "ERROR" else ""}
 <h2>Requirements</h2>
 {''.join(req)}
 <h2>Invariants over the chaos runs</h2>
 {''.join(inv)}
+<h2>Harness self-checks</h2>
+<p>The fake CLI's fidelity and the kernel facts the suite stands on: a precondition of the run, not counted
+for or against the implementation. {esc(checks['status'])}{(": " + esc(checks['reason'])) if checks['reason'] else "."}</p>
+{''.join(requirement_table(checks)) if checks['requirements'] else ''}
 <h2>Failures</h2>
 {('<table class="gj-t"><tr><th>test</th><th>status</th><th>reason</th></tr>' + ''.join(fails) + '</table>')
  if fails else '<p>None.</p>'}

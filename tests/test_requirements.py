@@ -3,8 +3,10 @@
 gpujail/spec.py must name exactly the IDs SPEC.md defines; every REF-* and CLI-*
 requirement must be cited by at least one conformance test; citing an unknown ID is an error; and
 the expectations machinery (strict xfails from a TOML file, the JSON summary per requirement) does
-what vendors and CI gates rely on. The plugin's own behaviour is checked in nested pytest sessions
-(`pytester`, on throwaway test files), whose configuration stays out of this session's.
+what vendors and CI gates rely on; the plugin stays quiet in a project that does not ask for it;
+the harness self-checks are reported apart from the implementation's score. The plugin's own
+behaviour is checked in nested pytest sessions (`pytester`, on throwaway test files), whose
+configuration stays out of this session's.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujail import plugin
+from gpujail.options import OPTIONS
 from gpujail.spec import PENDING, REQUIREMENTS
 
 pytest_plugins = ["pytester"]
@@ -84,14 +86,20 @@ def test_every_ref_and_cli_requirement_is_cited():
 
 # -- the plugin, in nested pytest sessions --------------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def no_suite_options(monkeypatch, tmp_path):
+    """None of the suite's options inherited from the environment; a self-check cache of the test's own."""
+    for o in OPTIONS:
+        monkeypatch.delenv(o.env, raising=False)
+    monkeypatch.setenv("GPUJAIL_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.fixture
 def run(pytester, monkeypatch):
-    """`pytest -p gpujail.plugin ARGS` in pytester's directory (in this process, with the
-    plugin's module state restored afterwards), with none of the suite's options inherited from the
-    environment."""
+    """`pytest -p gpujail.plugin ARGS` in pytester's directory (in this process), a directory whose
+    conftest asks for the plugin as the suites' own do."""
     monkeypatch.syspath_prepend(str(REPO))
-    for _name, env, _default, _help in plugin.OPTIONS:
-        monkeypatch.delenv(env, raising=False)
+    pytester.makeconftest("GPUJAIL_SUITE = True\n")
 
     def run(*args: str) -> pytest.RunResult:
         with nested_session():
@@ -220,13 +228,166 @@ def test_json_summary_groups_outcomes_by_requirement(run, cases, pytester):
     assert "REF-7" in summary["uncited"] and "REF-1" not in summary["uncited"]
 
 
-def test_unknown_implementation_is_one_usage_error(pytester):
-    """An --impl that is neither bundled nor a command is refused up front with one line, not as a
-    failure in every test."""
+@pytest.mark.parametrize("impl, complaint", [
+    ("no-such-runtime {jail}", "no-such-runtime: not found on PATH"),
+    ("sh /no/such.sh -j {jail}", "script /no/such.sh: no such file"),
+    ("bash vendor.sh {jail}", "script vendor.sh: a relative path"),
+    ("{here}/runtime.sh {jail}", "runtime.sh: not executable"),
+    ("mutant:no-such", "unknown mutant"),
+], ids=["not-on-path", "no-script", "relative-script", "not-executable", "unknown-mutant"])
+def test_unknown_implementation_is_one_usage_error(pytester, impl, complaint):
+    """An --impl that is neither bundled nor a runnable command is refused up front with one line
+    naming it, not as a failure in every test."""
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
-    result = pytester.runpytest("-p", "gpujail.plugin", "--impl", "no-such-runtime {jail}")
+    (pytester.path / "runtime.sh").write_text("#!/bin/sh\n")   # mode 0644
+    impl = impl.replace("{here}", str(pytester.path))
+    result = pytester.runpytest("-p", "gpujail.plugin", "--impl", impl)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "no-such-runtime" in "\n".join(result.errlines)
+    assert [line for line in result.errlines if line.strip()] == [f"ERROR: --impl {impl!r}: " + result.errlines[0].split(": ", 2)[2]]
+    assert complaint in result.errlines[0]
+
+
+@pytest.mark.parametrize("where", ["option", "env", "ini"])
+def test_bad_value_names_where_it_came_from(pytester, monkeypatch, where):
+    """A bad value is named the way it was given: the option, the environment variable, or the ini
+    key and its file."""
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    args = ["--impl", "reference"]
+    if where == "option":
+        args += ["--workers", "many"]
+        said = "--workers 'many': expected a non-negative integer"
+    elif where == "env":
+        monkeypatch.setenv("GPUJAIL_WORKERS", "many")
+        said = "GPUJAIL_WORKERS='many' (environment): expected a non-negative integer"
+    else:
+        ini = pytester.makeini("[pytest]\nworkers = many\n")
+        said = f"workers = 'many' (ini file {ini}): expected a non-negative integer"
+    result = pytester.runpytest("-p", "gpujail.plugin", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert said in result.stderr.str()
+
+
+# -- quiet until asked ------------------------------------------------------------------------------
+
+UNRELATED = """
+    import pytest
+
+    @pytest.mark.req("not a SPEC id")
+    def test_own_jail(jail):
+        assert jail == "their own jail"
+
+    @pytest.mark.model
+    def test_marked_model():
+        pass
+
+    @pytest.mark.scale
+    @pytest.mark.self_check
+    def test_marked_scale():
+        pass
+
+    def test_no_world(request):
+        with pytest.raises(pytest.FixtureLookupError):
+            request.getfixturevalue("world")
+"""
+
+
+def test_installed_plugin_is_quiet_until_asked(pytester):
+    """In a project that does not ask for it (no --impl, no GPUJAIL_IMPL, no ini key, no suite
+    conftest), the installed plugin changes nothing: the project's own `jail` fixture, its `req`
+    marker with any arguments, tests marked `model` or `scale` all behave exactly as without the
+    plugin (`-p no:gpujail.plugin`); no fixture of ours is visible; no report is written."""
+    pytester.makeconftest('import pytest\n\n@pytest.fixture\ndef jail():\n    return "their own jail"\n')
+    pytester.makepyfile(test_theirs=UNRELATED)
+
+    def outcome(*args):
+        result = pytester.runpytest("-p", "no:cacheprovider", "-rA", *args)
+        lines = [ln for ln in result.outlines if ln.startswith(("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL"))]
+        return result.ret, result.parseoutcomes(), sorted(lines)
+
+    with_plugin, without = outcome(), outcome("-p", "no:gpujail.plugin")
+    assert with_plugin == without
+    assert with_plugin[1]["passed"] == 4
+    fixtures = pytester.runpytest("--fixtures", "-p", "no:cacheprovider").stdout.str()
+    assert "their own jail" not in fixtures and "open_world" not in fixtures and "artefacts_dir" not in fixtures
+    assert not (pytester.path / "reports").exists()
+
+
+@pytest.mark.parametrize("how", ["option", "env", "ini", "conftest"])
+def test_plugin_acts_when_asked(pytester, monkeypatch, how):
+    """--impl, GPUJAIL_IMPL, the ini key `impl` or a conftest setting `GPUJAIL_SUITE = True` each
+    make it act: here, an unknown requirement ID becomes a usage error."""
+    pytester.makepyfile(test_x='import pytest\n\n@pytest.mark.req("REF-99")\ndef test_x():\n    pass\n')
+    args = []
+    if how == "option":
+        args = ["--impl", "reference"]
+    elif how == "env":
+        monkeypatch.setenv("GPUJAIL_IMPL", "reference")
+    elif how == "ini":
+        pytester.makeini("[pytest]\nimpl = reference\n")
+    else:
+        pytester.makeconftest("GPUJAIL_SUITE = True\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, output(result)
+    assert "REF-99" in result.stderr.str()
+
+
+# -- the harness self-checks ------------------------------------------------------------------------
+
+SELF_CHECKS = """
+    import os
+    import pytest
+
+    @pytest.mark.self_check
+    @pytest.mark.req("CLI-1")
+    def test_fake_cli():
+        assert not os.environ.get("BREAK_THE_HARNESS"), "the fake CLI is broken"
+
+    @pytest.mark.req("REF-1")
+    def test_vendor():
+        pass
+"""
+
+
+def test_self_checks_run_first_and_once_per_host(run, pytester):
+    """The self-checks run before the implementation's tests; once they passed on this host with
+    this code, they are skipped with that reason; `--self-checks always` runs them again."""
+    pytester.makepyfile(test_cases=SELF_CHECKS)
+    report = pytester.path / "reports" / "summary.json"
+    first = run("-v", f"--gpujail-report={report}")
+    assert first.ret == pytest.ExitCode.OK, output(first)
+    order = [ln.split("::")[1].split()[0] for ln in first.outlines if "::test_" in ln and "PASSED" in ln]
+    assert order == ["test_fake_cli", "test_vendor"]
+    assert json.loads(report.read_text())["self_checks"]["status"] == "passed"
+    second = run("-rs", f"--gpujail-report={report}")
+    assert second.ret == pytest.ExitCode.OK, output(second)
+    assert "already checked on this host at" in second.stdout.str()
+    checks = json.loads(report.read_text())["self_checks"]
+    assert checks["status"] == "cached" and checks["reason"].startswith("Skipped: already checked on this host at")
+    again = run("--self-checks", "always")
+    again.assert_outcomes(passed=2)
+
+
+def test_self_checks_count_apart_from_the_implementation(run, pytester, monkeypatch):
+    """A failing self-check is not the implementation's failure: its requirement is absent from the
+    implementation's table (and from its uncited list), it is reported in the self-checks' own
+    table, and the run is an error (pytest's exit 3, `gpujail run`'s 5), not a failed run."""
+    pytester.makepyfile(test_cases=SELF_CHECKS)
+    monkeypatch.setenv("BREAK_THE_HARNESS", "1")
+    report = pytester.path / "reports" / "summary.json"
+    result = run(f"--gpujail-report={report}")
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR, output(result)
+    assert "gpujail harness self-checks: failed" in result.stdout.str()
+    summary = json.loads(report.read_text())
+    assert list(summary["requirements"]) == ["REF-1"]
+    assert not any(r.startswith(("CLI-", "K-")) for r in summary["uncited"])
+    checks = summary["self_checks"]
+    assert checks["status"] == "failed" and "the fake CLI is broken" in checks["reason"]
+    assert checks["requirements"]["CLI-1"]["counts"] == {"failed": 1} and "CLI-2" in checks["uncited"]
+    from gpujail import cli, report as reporting
+    assert cli.pytest_outcome(int(result.ret), False, summary) == "error"
+    text = reporting.text(summary)
+    assert text.startswith("HARNESS SELF-CHECKS FAILED") and "harness self-checks" in text
+    assert "Harness self-checks failed" in report.with_name("report.html").read_text()
 
 
 @pytest.mark.parametrize("content, complaint", [
