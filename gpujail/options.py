@@ -51,6 +51,7 @@ OPTIONS = [
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
+PATHS = ("expectations", "gpujail-report")   # values shown as they are in messages; the others quoted
 SELF_CHECK_MODES = ("once", "always")
 EXPECTATION_SECTIONS = ("implementation", "requirements", "tests", "intermittent")
 # Interpreters whose first non-option argument is the script they run (`bash vendor.sh -j {jail}`);
@@ -80,13 +81,14 @@ class Value:
     def label(self) -> str:
         """The value as the user wrote it, for an error message."""
         o = BY_NAME[self.name]
+        text = self.text if self.name in PATHS else repr(self.text)
         if self.source == "environment":
-            return f"{o.env}={self.text!r} (environment)"
+            return f"{o.env}={text} (environment)"
         if self.source == "ini":
-            return f"{o.key} = {self.text!r} (ini file {self.ini_file})"
+            return f"{o.key} = {text} (ini file {self.ini_file})"
         if self.source == "default":
-            return f"--{o.name} {self.text!r} (default)"
-        return f"--{o.name} {self.text!r}"
+            return f"--{o.name} {text} (default)"
+        return f"--{o.name} {text}"
 
 
 def value(config, name: str) -> Value:
@@ -134,14 +136,16 @@ def check_impl(impl: Value) -> None:
         script = _script_of(words[1:])
         problem = _file_problem(script, "script", os.R_OK) if script else None
     if problem:
-        raise BadInput(f"{impl.label}: {problem} (bundled: {', '.join(BUNDLED)}, mutant:NAME)")
+        raise BadInput(f"{impl.label}: {problem}")
 
 
 def _program_problem(word: str) -> str | None:
+    from gpujail.contract import BUNDLED
     if "{" in word:
         return None
     if "/" not in word:
-        return None if shutil.which(word) else f"{word}: not found on PATH"
+        return None if shutil.which(word) else (f"{word} is neither a bundled implementation "
+                                                f"({', '.join(BUNDLED)}, mutant:NAME) nor a command on PATH")
     problem = _file_problem(word, "program", os.X_OK)
     if problem:
         return problem
