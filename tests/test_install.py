@@ -77,6 +77,9 @@ def test_pip_install_outside_the_clone(tmp_path):
     source = tmp_path / "gpujail-src"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", ".venv*", "build", "*.egg-info", "reports", "__pycache__", ".hypothesis", ".tox"))
+    # every package of the working tree must be installed (pyproject lists them; the top-level folders
+    # are mapped under gpujail/)
+    packages = sorted(str(p.parent.relative_to(source)) for p in source.glob("**/__init__.py") if "tests" not in p.parts)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -87,6 +90,9 @@ def test_pip_install_outside_the_clone(tmp_path):
     assert pip.returncode == 0, pip.stdout + pip.stderr
     where = sh([str(python), "-c", "import gpujail; print(gpujail.__file__)"], tmp_path, env)
     assert str(venv) in where.stdout, where.stdout + where.stderr   # the installed copy, not the clone
+    installed = Path(where.stdout.strip()).parent
+    missing = [p for p in packages if not (installed / p.removeprefix("gpujail").lstrip("/") / "__init__.py").exists()]
+    assert missing == [], f"packages of the clone not installed (pyproject's [tool.setuptools] packages): {missing}"
 
     # -- an unrelated project: with the plugin installed, its run is the one it has without it
     project = tmp_path / "their-project"
