@@ -383,9 +383,9 @@ def test_self_checks_count_apart_from_the_implementation(run, pytester, monkeypa
     checks = summary["self_checks"]
     assert checks["status"] == "failed" and "the fake CLI is broken" in checks["reason"]
     assert checks["requirements"]["CLI-1"]["counts"] == {"failed": 1} and "CLI-2" in checks["uncited"]
-    from gpujail import cli
     from gpujail import report as reporting
-    assert cli.pytest_outcome(int(result.ret), False, summary) == "error"
+    from gpujail.commands.run import pytest_outcome
+    assert pytest_outcome(int(result.ret), False, summary) == "error"
     text = reporting.text(summary)
     assert text.startswith("HARNESS SELF-CHECKS FAILED") and "harness self-checks" in text
     assert "Harness self-checks failed" in report.with_name("report.html").read_text()
