@@ -316,7 +316,7 @@ def self_check_summary(results: dict[str, list]) -> dict:
     elif not tests:
         status, reason = "not run", ""
     elif len(cached) == len(tests):
-        status, reason = "cached", cached[0]["reason"]
+        status, reason = "cached", cached[0]["reason"].removeprefix("Skipped: ")
     else:
         status = "passed"
         reason = f"{len(cached)} already checked on this host" if cached else ""
