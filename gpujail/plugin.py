@@ -260,9 +260,26 @@ class Suite:
 
     @pytest.fixture
     def world(self, open_world, jail):
-        """A fresh jail and a fleet of worker nodes on the chosen backend, with the implementation under test."""
+        """A fresh jail and a fleet of worker nodes on the chosen backend, with the implementation under
+        test. Whatever the test checks, a start that changed anything outside the jail (seen through
+        its node's copy-on-write host, gpujail/backends/cow.py) fails it, filed under REF-11 too."""
         with open_world(jail) as w:
             yield w
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        """After a test that used the `world` and passed its own checks: any change a start made
+        outside the jail fails it, in the call phase (so expectations apply), filed under REF-11."""
+        result = yield
+        world = item.funcargs.get("world")
+        findings = outside_the_jail(world.history()) if world is not None else []
+        if findings:
+            ids = [i for i in dict(item.user_properties).get("requirements", "").split(",") if i]
+            item.user_properties[:] = [p for p in item.user_properties if p[0] != "requirements"]
+            item.user_properties.append(("requirements", ",".join(dict.fromkeys([*ids, "REF-11"]))))
+            more = f" (and {len(findings) - 5} more)" if len(findings) > 5 else ""
+            pytest.fail("REF-11: " + "; ".join(findings[:5]) + more, pytrace=False)
+        return result
 
     @pytest.fixture
     def artefacts_dir(self, request) -> Path:
@@ -404,6 +421,12 @@ class World:
     @property
     def barriers(self) -> str:
         return str(self.run_dir / "barriers")
+
+
+def outside_the_jail(events: list[dict]) -> list[str]:
+    """Each change a start made outside the jail, in words: `worker w's start created /tmp/x`."""
+    return [f"worker {e['node']}'s start {c['change']} {c['path']} outside the jail"
+            for e in events if e["kind"] == "impl.outside" for c in e["changes"]]
 
 
 def backend_fleet(backend: str):

@@ -405,3 +405,23 @@ def test_html_report_of_a_green_run(tmp_path):
     page = report.write_html(summary, tmp_path / "report.html").read_text()
     assert "<span class=\"gj-pass\">PASS</span>" in page and "<svg" not in page
     assert page.count("<p>None.</p>") == 2
+
+
+# -- hostile and broken vendor scripts (issue 15) --------------------------------------------------
+
+@needs_kernel
+def test_a_script_that_writes_outside_the_jail_fails_its_run(tmp_path):
+    """The shell template after a write to the host outside the jail: every test it ran fails under
+    REF-11 with the path named, and the host is as it was."""
+    escaped = tmp_path / "somewhere" / "escaped"
+    script = tmp_path / "escaping.sh"
+    script.write_text(f"mkdir -p {escaped.parent} && echo x > {escaped}\n"
+                      f"exec sh {REPO / 'reference_impl' / 'example.sh'} \"$@\"\n")
+    r = gpujail(tmp_path, "run", "--impl", f"sh {script}", "--reports", str(tmp_path / "reports"), "-n", "1",
+                "conformance/test_worker_start.py::test_cold_bring_up", "conformance/test_worker_start.py::test_non_debian_jail")
+    assert r.returncode == 1, r.stdout + r.stderr
+    summary = json.loads((tmp_path / "reports/summary.json").read_text())
+    ref11 = summary["requirements"]["REF-11"]
+    assert ref11["counts"].get("failed", 0) >= 2, ref11
+    assert all(f"created {escaped} outside the jail" in t["reason"] for t in ref11["tests"]), ref11["tests"]
+    assert not escaped.parent.exists(), "the host was changed"

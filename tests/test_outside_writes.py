@@ -35,9 +35,13 @@ def test_a_write_outside_the_jail_is_seen_and_never_done(fleet, jail, host, scri
 
 
 def test_node_local_dev_and_run_changes_are_seen(fleet, jail):
-    """/dev and /run are the node's own: a start that leaves something there is reported too."""
-    r = fleet.start("w").run(["sh", "-c", "touch /run/left-behind /dev/shm/left-behind"])
-    assert {c["path"] for c in r.outside} == {"/run/left-behind", "/dev/shm/left-behind"}, r.outside
+    """/dev and /run are the node's own: a ready start may add to them (its scratch space), but
+    deleting or changing what the node had there is reported; a failed start's node is replaced."""
+    node = fleet.start("w")
+    r = node.run(["sh", "-c", "rm /dev/nvidiactl; echo x > /run/nvidia-persistenced/socket.new; touch /run/mine"])
+    assert r.code == 0, r.stderr
+    assert {(c["change"], c["path"]) for c in r.outside} == {("deleted", "/dev/nvidiactl")}, r.outside
+    assert node.run(["sh", "-c", "rm /dev/nvidia0; exit 1"]).outside == []
 
 
 def test_writes_in_the_jail_and_the_run_directory_are_not_outside(fleet, jail):
@@ -46,6 +50,6 @@ def test_writes_in_the_jail_and_the_run_directory_are_not_outside(fleet, jail):
     node = fleet.start("w")
     assert node.run(["sh", "-c", f"echo x > {jail}/etc/inside"]).outside == []
     assert (jail / "etc/inside").read_text() == "x\n"
-    first = node.run(["sh", "-c", "touch /run/one"]).outside
-    assert [c["path"] for c in first] == ["/run/one"]
+    first = node.run(["sh", "-c", f"touch {jail.parent}/one"]).outside
+    assert first == [{"change": "created", "path": f"{jail.parent}/one"}]
     assert node.run(["true"]).outside == []

@@ -18,10 +18,10 @@ unlink, a write through `/proc/self/root`), a node sees the host through overlay
 * The tmpfs holding the upper directories is detached from every path once the overlays hold it:
   only the agent, through a descriptor, reads it, so a script cannot tidy its traces away.
 * `HostView.changes()`, after each start, lists what is new in the upper directories since the
-  last call: a character device 0:0 is overlayfs's whiteout (a deletion), a directory marked opaque
-  was replaced, anything else was written. Directories that were only copied up to hold a child
-  are not changes. `snapshot()` before and after a start gives the same for /dev and /run.
-The harness (kernel.py) tells created from changed by looking at the host.
+  last call: a character device 0:0 is overlayfs's whiteout (a deletion); anything else was
+  created or changed, which the lower layers tell (the host's directory as it was, through a
+  descriptor opened before the overlay). Directories that were only copied up to hold a child are
+  not changes. `snapshot()` before and after a start gives the same for /dev and /run.
 """
 from __future__ import annotations
 
@@ -63,33 +63,47 @@ def _covered(userns: bool) -> list[str]:
 
 
 class HostView:
-    """The overlays of one node: (mount point, descriptor of its upper directory)."""
+    """The overlays of one node: for each, its mount point, a descriptor of its upper directory and
+    descriptors of its lower layers (the host's directory as it was, opened before the overlay hid
+    it, and any extra layer), through which a change is told apart: created, changed or deleted."""
 
-    def __init__(self, layers: list[tuple[str, int]]):
+    def __init__(self, layers: list[tuple[str, int, list[str]]]):
         self.layers = layers
         self.seen: set[tuple] = set()
 
     def changes(self) -> list[dict]:
         """What the upper directories gained since the last call: [{path, change, mode}]."""
         found = []
-        for point, fd in self.layers:
+        for point, fd, lowers in self.layers:
             base = f"/proc/self/fd/{fd}"
             for dirpath, dirs, files in os.walk(base):
                 for name in dirs + files:
                     full = os.path.join(dirpath, name)
+                    rel = os.path.relpath(full, base)
                     st = os.lstat(full)
-                    path = os.path.join(point, os.path.relpath(full, base))
+                    before = _lstat_any(os.path.join(lower, rel) for lower in lowers)
                     if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                        change = "deleted"
-                    elif stat.S_ISDIR(st.st_mode):
-                        change = "replaced" if _opaque(full) else "directory"
+                        change = "deleted"    # overlayfs's whiteout
+                    elif before is None:
+                        change = "created"
+                    elif stat.S_ISDIR(st.st_mode) and not _opaque(full) and st.st_mode == before.st_mode:
+                        continue              # copied up to hold a new child, itself unchanged
                     else:
-                        change = "written"
-                    key = (path, change, st.st_mode, st.st_size, st.st_mtime_ns)
+                        change = "changed"
+                    key = (rel, point, change, st.st_mode, st.st_size, st.st_mtime_ns)
                     if key not in self.seen:
                         self.seen.add(key)
-                        found.append({"path": path, "change": change, "mode": st.st_mode})
+                        found.append({"path": os.path.join(point, rel), "change": change, "mode": st.st_mode})
         return found
+
+
+def _lstat_any(paths) -> os.stat_result | None:
+    for p in paths:
+        try:
+            return os.lstat(p)
+        except OSError:
+            pass
+    return None
 
 
 def _opaque(path: str) -> bool:
@@ -126,8 +140,9 @@ def cover(shared: list[str], lowers: dict[str, str] | None = None) -> HostView:
             if e.errno not in (errno.EINVAL, errno.EPERM, errno.ELOOP, errno.EOPNOTSUPP):
                 raise
             continue   # a file system overlayfs cannot sit on (another overlay's upper, FUSE): left as is
-        layers.append((point, os.open(upper, os.O_PATH | os.O_DIRECTORY)))
-    for fd in sources.values():
+        layers.append((point, os.open(upper, os.O_PATH | os.O_DIRECTORY),
+                       [p for p in (f"/proc/self/fd/{sources.pop(point)}", lowers.get(point)) if p]))
+    for fd in sources.values():   # those whose overlay could not be mounted
         os.close(fd)
     for path, fd in keep:
         sysops.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)

@@ -59,26 +59,6 @@ class RunResult:
         return lines[-1] if lines else ""
 
 
-def outside_changes(changes: list[dict]) -> list[dict]:
-    """A node's raw copy-on-write findings (cow.py) as created / changed / deleted host paths: the
-    harness sees the real host, so it tells a new file from an edited one."""
-    out = []
-    for c in changes:
-        path, change = c["path"], c["change"]
-        try:
-            host = os.lstat(path)
-        except OSError:
-            host = None
-        if change == "directory":   # a parent copied up to hold a child: a change only if new or altered
-            if host is not None and host.st_mode == c["mode"]:
-                continue
-            change = "changed" if host else "created"
-        elif change in ("written", "replaced"):
-            change = "changed" if host else "created"
-        out.append({"change": change, "path": path})
-    return out
-
-
 @dataclass
 class Node:
     """One worker node. Create through `Fleet.start`."""
@@ -151,7 +131,8 @@ class Node:
         (default: the start timeout) it is killed with everything it started, code "timeout"."""
         env = env if env is not None else self.contract_env()
         r = self.call("run", argv=argv, env=env, cwd=str(self.jail), timeout=timeout or start_timeout())
-        return RunResult(r["code"], r["stdout"], r["stderr"], r["duration"], outside_changes(r.get("outside", [])))
+        outside = [{"change": c["change"], "path": c["path"]} for c in r.get("outside", [])]
+        return RunResult(r["code"], r["stdout"], r["stderr"], r["duration"], outside)
 
     def cli(self, *args: str, env: dict | None = None, timeout: float = 60.0) -> RunResult:
         """Run the fake nvidia-container-cli in this node."""

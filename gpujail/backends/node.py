@@ -98,7 +98,7 @@ def build_view(cfg: dict) -> None:
         shared = [jail, *(os.path.dirname(cfg["env"][k]) for k in ("GPUJAIL_HISTORY",) if cfg["env"].get(k)),
                   *(cfg["env"][k] for k in ("GPUJAIL_BARRIERS",) if cfg["env"].get(k))]
         host_view = cow.cover(shared, lowers)
-        lowers = {p: lower for p, lower in lowers.items() if p not in dict(host_view.layers)}
+        lowers = {p: lower for p, lower in lowers.items() if p not in {point for point, *_ in host_view.layers}}
     for target, lower in lowers.items():   # driver files at their host paths, read-only
         sysops.mount("overlay", target, "overlay", 0, f"lowerdir={lower}:{target}")
     _node_dev(cfg)
@@ -226,7 +226,13 @@ def op_run(req: dict) -> dict:
     stdout, stderr = out.text(), err.text()
     if code == "timeout":
         stderr += f"timeout after {timeout:g} s: the start and everything it started were killed\n"
-    outside = (host_view.changes() if host_view else []) + cow.compare(local, cow.snapshot(*NODE_LOCAL))
+    # The node-local /dev and /run are the worker's own (a container's): what a start adds there is
+    # its scratch space, but deleting or changing what the node had (its device nodes, the
+    # persistenced socket) counts, for a start that reports ready. A failed start's node is replaced
+    # (a restarted container gets fresh ones), and a failing CLI's own cleanup deletes the device
+    # nodes and sockets it mounted over (CLI-6), which is not the start's doing.
+    node_local = [c for c in cow.compare(local, cow.snapshot(*NODE_LOCAL)) if c["change"] != "created"]
+    outside = (host_view.changes() if host_view else []) + (node_local if code == 0 else [])
     if outside:
         history.record("impl.outside", changes=outside)
     history.record("impl.exit", code=code, duration=duration, stderr=stderr[-2000:])
