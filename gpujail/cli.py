@@ -37,7 +37,16 @@ import traceback
 from pathlib import Path
 
 from gpujail import options
-from gpujail.commands import Stop, check_backend, load_scenario, scenarios, silence_outputs, tools
+from gpujail.commands import (
+    Stop,
+    check_backend,
+    interrupted_code,
+    load_scenario,
+    scenarios,
+    silence_outputs,
+    stop_on_signals,
+    tools,
+)
 from gpujail.commands import run as running
 from gpujail.spec import EXIT
 
@@ -132,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
+    stop_on_signals()
     try:
         args = parser().parse_args(argv)
         args.argv = argv
@@ -145,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.code
     except KeyboardInterrupt:
         print("gpujail: interrupted", file=sys.stderr)
-        return EXIT["interrupted"]
+        return interrupted_code()
     except BrokenPipeError:   # the reader went away (`gpujail ... | head`): stop quietly, like a shell tool
         silence_outputs()
         return 128 + 13   # as if killed by SIGPIPE

@@ -425,3 +425,52 @@ def test_a_script_that_writes_outside_the_jail_fails_its_run(tmp_path):
     assert ref11["counts"].get("failed", 0) >= 2, ref11
     assert all(f"created {escaped} outside the jail" in t["reason"] for t in ref11["tests"]), ref11["tests"]
     assert not escaped.parent.exists(), "the host was changed"
+
+
+@needs_kernel
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_run_stopped_by_a_signal_reports_and_leaves_nothing(tmp_path, sig, code):
+    """SIGTERM (CI cancellation, `timeout`) or SIGHUP to `gpujail run` only, mid-run: the summary is
+    printed as INTERRUPTED, exit 128 + the signal, the last run's reports stay as they were and this
+    run's go to reports/interrupted/, and no temporary directory or process is left."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "summary.json").write_text('{"the": "last run"}')
+    slow = tmp_path / "slow.sh"   # a start that takes its time, so the signal lands mid-test
+    slow.write_text(f"sleep 2\nexec sh {REPO / 'reference_impl' / 'example.sh'} \"$@\"\n")
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if k not in [var for _, var, _, _ in OPTIONS]}, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "gpujail", "run", "--impl", f"sh {slow}", "--reports", str(reports),
+                             "-n", "1", "conformance/test_worker_start.py"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp.glob("gpujail-run-*/**/run/history.jsonl")):
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not start a worker"
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == code, out + err
+    assert f"INTERRUPTED (exit {code})" in out and "Traceback" not in out + err, out + err
+    assert (reports / "summary.json").read_text() == '{"the": "last run"}'
+    assert (reports / "interrupted" / "pytest.log").exists(), sorted(p.name for p in reports.iterdir())
+    assert not list(tmp.iterdir()), f"left behind: {list(tmp.iterdir())}"
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp) in _cmdline(p)]
+
+
+def test_stale_run_directories_are_swept_only_when_their_owner_is_gone(tmp_path):
+    """A run killed outright (SIGKILL) leaves its directory; the next run removes it, but never the
+    directory of a run still going."""
+    from gpujail.commands import sweep
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale, live = tmp_path / f"gpujail-run-{dead.pid}-abc", tmp_path / f"gpujail-run-{os.getpid()}-def"
+    for d in (stale, live, tmp_path / "gpujail-run-notapid"):
+        (d / "jail").mkdir(parents=True)
+    assert sweep(tmp_path) == [stale]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "gpujail-run-notapid"])

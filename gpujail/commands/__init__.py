@@ -12,14 +12,20 @@ one function here, which does the work and returns a code of `gpujail.spec.EXIT`
                   tools, each also `python -m gpujail...` (their own modules sit in the layers below)
 
 A mistake in the input is a `Stop`: one line on stderr and its exit code, raised before anything
-runs. These modules never import gpujail.cli (the layer above them, pyproject's import-linter
+runs. SIGTERM (CI cancellation, `timeout`) and SIGHUP (a closed terminal) stop a run as Ctrl-C
+does (`stop_on_signals`): nodes stopped, summary printed, exit 128 + the signal's number. A run's
+temporary directory carries its pid (`scratch`), so the next run removes those of runs that were
+killed outright (`sweep`). These modules never import gpujail.cli (the layer above them, pyproject's import-linter
 contract).
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from gpujail.spec import EXIT
@@ -30,7 +36,7 @@ class Stop(Exception):
 
     def __init__(self, outcome: str, message: str):
         super().__init__(message)
-        self.code = EXIT[outcome]
+        self.code = interrupted_code() if outcome == "interrupted" else EXIT[outcome]
 
 
 def check_backend(name: str) -> None:
@@ -79,3 +85,52 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, **({"onexc": writable} if sys.version_info >= (3, 12) else {"onerror": writable}))
     except OSError as e:
         print(f"gpujail: could not remove the temporary directory {path}: {e}", file=sys.stderr)
+
+
+STOPPED_BY = {"signal": int(signal.SIGINT)}
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does; the signal is
+    remembered for the exit code."""
+    def handler(signum, _frame):
+        STOPPED_BY["signal"] = signum
+        raise KeyboardInterrupt
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, handler)
+
+
+def interrupted_code() -> int:
+    """128 + the signal that stopped the run: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
+    return 128 + STOPPED_BY["signal"]
+
+
+SCRATCH = re.compile(r"gpujail-(?:run|reproduce)-(\d+)-\w+")
+
+
+def scratch(kind: str) -> Path:
+    """A run's temporary directory, `gpujail-KIND-PID-XXXX`, after sweeping away stale ones."""
+    sweep(Path(tempfile.gettempdir()))
+    return Path(tempfile.mkdtemp(prefix=f"gpujail-{kind}-{os.getpid()}-"))
+
+
+def sweep(where: Path) -> list[Path]:
+    """Remove the temporary directories (and staged reports) that runs killed outright left in
+    `where`: only those whose owner process is gone. Returns what it removed."""
+    gone = []
+    for d in where.glob("*gpujail-*-*-*"):
+        m = SCRATCH.fullmatch(d.name.lstrip("."))
+        if m and d.is_dir() and not _alive(int(m[1])):
+            remove_tree(d)
+            gone.append(d)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's: alive, and not ours to judge
+        pass
+    return True

@@ -8,19 +8,21 @@ then runs pytest in this process with the plugin's options, its output going to
 `reports/pytest.log`. While it runs, a line shows tests done, workers ready and faults injected
 (counted from the run's histories under its temporary directory) and the time elapsed. At the end
 it prints the summary of `reports/summary.json` per requirement and per invariant
-(gpujail/report.py) and the report paths, and returns the outcome as a code of EXIT.
+(gpujail/report.py) and the report paths, and returns the outcome as a code of EXIT. The reports
+are staged beside the last run's and replace them only when the run ends (`publish`); a run stopped
+by Ctrl-C, SIGTERM or SIGHUP prints its summary as INTERRUPTED, keeps its reports in
+reports/interrupted/ and exits 128 + the signal.
 """
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from gpujail.commands import remove_tree, terminal
+from gpujail.commands import interrupted_code, remove_tree, scratch, sweep, terminal
 from gpujail.commands.progress import HistoryWatch, Progress, TestCounter
 from gpujail.spec import EXIT
 
@@ -54,17 +56,17 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
     from gpujail import report as reporting
     reports = Path(args.reports)
     reports.mkdir(parents=True, exist_ok=True)
-    paths = {"html": reports / "report.html", "json": reports / "summary.json", "junit": reports / "junit.xml",
-             "log": reports / "pytest.log"}
-    for stale in list(paths.values()) + [reports / reporting.CHAOS_DIR]:
-        if stale.is_dir():
-            shutil.rmtree(stale)
-        elif stale.exists():
-            stale.unlink()
+    sweep(reports)
+    # This run's reports are written beside the last run's and replace them only when it ends; an
+    # interrupted run's go to reports/interrupted/.
+    stage = reports / f".gpujail-run-{os.getpid()}-reports"
+    stage.mkdir()
+    names = {"html": "report.html", "json": "summary.json", "junit": "junit.xml", "log": "pytest.log"}
+    paths = {k: stage / name for k, name in names.items()}
     out = terminal()
     print(f"gpujail run: {args.impl} on the {args.backend} backend"
           + (f", expectations {expectations}" if expectations else ", no expectations file"), file=out)
-    basetemp = Path(tempfile.mkdtemp(prefix="gpujail-run-"))
+    basetemp = scratch("run")
     argv = [*(args.tests or suites()), "-p", "no:cacheprovider", "-n", args.jobs, "--basetemp", str(basetemp),
             "--impl", args.impl, "--backend", args.backend, "--seed", str(args.seed), "--workers", str(args.workers),
             "--expectations", expectations, "--gpujail-report", str(paths["json"]), "--junitxml", str(paths["junit"]),
@@ -103,6 +105,28 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
     if outcome == "error" and progress:
         tail = paths["log"].read_text().splitlines()[-15:]
         print("\nthe end of the pytest log:\n" + "\n".join("  " + ln for ln in tail), file=out)
-    print(f"\n{outcome.upper()} (exit {EXIT[outcome]})", file=out)
-    print("reports: " + "  ".join(str(p) for p in paths.values() if p.exists()), file=out)
-    return EXIT[outcome]
+    final = publish(stage, reports, outcome == "interrupted", [*names.values(), reporting.CHAOS_DIR])
+    exit_code = interrupted_code() if outcome == "interrupted" else EXIT[outcome]
+    print(f"\n{outcome.upper()} (exit {exit_code})", file=out)
+    print("reports: " + "  ".join(str(final / n) for n in names.values() if (final / n).exists()), file=out)
+    return exit_code
+
+
+def publish(stage: Path, reports: Path, interrupted: bool, names: list[str]) -> Path:
+    """Move a run's staged reports into place: over the last run's in `reports/` when the run
+    ended, into `reports/interrupted/` (the last run's left as they were) when it was stopped."""
+    final = reports / "interrupted" if interrupted else reports
+    if interrupted:
+        remove_tree(final)
+        stage.rename(final)
+        return final
+    for name in names:
+        old = final / name
+        if old.is_dir():
+            remove_tree(old)
+        elif old.exists():
+            old.unlink()
+        if (stage / name).exists():
+            (stage / name).rename(old)
+    remove_tree(stage)
+    return final

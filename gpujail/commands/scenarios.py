@@ -8,10 +8,9 @@ has loaded the scenario and checked the implementation and the backend before.
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
-from gpujail.commands import Stop, load_scenario, remove_tree, terminal
+from gpujail.commands import Stop, load_scenario, remove_tree, scratch, terminal
 from gpujail.commands.progress import HistoryWatch, Progress
 from gpujail.spec import EXIT
 
@@ -26,7 +25,7 @@ def reproduce(args, sc) -> int:
     term = terminal()
     print(f"gpujail reproduce: scenario {sc.name} ({sc.mode}, {len(sc.workers)} workers) against {args.impl}, "
           f"seed {args.seed}", file=term)
-    tmp = Path(tempfile.mkdtemp(prefix="gpujail-reproduce-"))
+    tmp = scratch("reproduce")
     watch = HistoryWatch(lambda: [tmp / "run" / "history.jsonl"])
 
     def line() -> str:
