@@ -51,6 +51,9 @@ def judge(result, request) -> tuple[list[str], list[str]]:
     (the per-invariant tables of the reports)."""
     statuses = " ".join(f"{i}={r.status}" for i, r in result.verdict.results.items())
     request.node.user_properties.append(("invariants", statuses))
+    # why an invariant was not PASS, in words (an UNKNOWN always says why)
+    request.node.user_properties.append(("invariant_reasons", {i: r.note for i, r in result.verdict.results.items()
+                                                               if r.status != "PASS"}))
     return result.judge()
 
 

@@ -130,6 +130,7 @@ class Suite:
                 raise pytest.UsageError(f"{item.nodeid}: unknown requirement ID(s) {', '.join(unknown)} "
                                         "(see gpujail/spec.py)")
             item.user_properties.append(("requirements", ",".join(ids)))
+            item.user_properties.append(("purpose", purpose(item)))
             if item.get_closest_marker(SELF_CHECK):
                 item.user_properties.append((SELF_CHECK, checked.key))
                 when = checked.passed.get(item.nodeid)
@@ -178,10 +179,12 @@ class Suite:
             reason = report.longrepr[2]
         elif report.failed:
             crash = getattr(report.longrepr, "reprcrash", None)
-            reason = (crash.message if crash else report.longreprtext.strip()[-300:]).splitlines()[0][:300]
-        entry = {"test": report.nodeid, "status": status, "reason": reason, "duration": round(report.duration, 3)}
-        if "invariants" in props:   # a chaos run: each invariant's status
+            reason = failure_reason(crash.message if crash else report.longreprtext.strip()[-2000:])
+        entry = {"test": report.nodeid, "status": status, "reason": reason, "duration": round(report.duration, 3),
+                 "purpose": props.get("purpose", "")}
+        if "invariants" in props:   # a chaos run: each invariant's status, and why where not PASS
             entry["invariants"] = props["invariants"]
+            entry["invariant_reasons"] = props.get("invariant_reasons", {})
         table = self.self_checks if SELF_CHECK in props else self.by_requirement
         ids = props.get("requirements", "")
         for rid in ids.split(",") if ids else ["(none)"]:
@@ -288,6 +291,28 @@ class Suite:
         summary = self.value("gpujail-report")
         reports = Path(summary).parent if summary else Path(request.config.rootpath) / "reports"
         return reports / CHAOS_DIR / artefact_name(request.node.nodeid)
+
+
+def purpose(item) -> str:
+    """A test's one-line purpose: the first sentence of its docstring (what a person reads first)."""
+    doc = " ".join((getattr(item, "function", None) and item.function.__doc__ or "").split())
+    return doc.split(". ")[0].rstrip(".")[:200]
+
+
+def failure_reason(message: str, lines: int = 25) -> str:
+    """What a failing check said, in words: its own message (without the `AssertionError: ` prefix
+    and pytest's rewritten `assert ...` explanation that follows it), all of it for a chaos run's
+    verdict and chain, up to `lines` lines; a bare `assert` keeps pytest's explanation."""
+    text = message.strip()
+    if text.startswith("AssertionError: "):
+        text = text[len("AssertionError: "):]
+    kept = []
+    for line in text.splitlines():
+        if kept and line.startswith("assert "):
+            break
+        kept.append(line)
+    more = len(kept) - lines
+    return "\n".join(kept[:lines] + ([f"... ({more} more lines)"] if more > 0 else []))[:4000]
 
 
 def requirement_ids(item) -> list[str]:

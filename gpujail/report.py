@@ -86,6 +86,12 @@ def invariant_rows(report: dict) -> list[tuple[str, str, dict, list[dict]]]:
     return rows
 
 
+def unknowns(report: dict) -> list[tuple[str, str, str]]:
+    """(invariant, test, reason) for every chaos run that could not decide an invariant."""
+    return [(inv, t["test"], (t.get("invariant_reasons") or {}).get(inv) or "no reason recorded")
+            for t in tests_of(report).values() for inv, status in invariants_of(t).items() if status == "UNKNOWN"]
+
+
 def unexpected(tests: list[dict]) -> list[dict]:
     return [t for t in tests if t["status"] != "expected-fail"]
 
@@ -119,6 +125,8 @@ def text(report: dict) -> str:
             expected = len(failing) - len(unexpected(failing))
             lines.append(f" {mark}{rid:<7} {name:<24} " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
                          + (f" ({expected} expected)" if expected else ""))
+        for rid, test, why in unknowns(report):
+            lines.append(f"  {rid} UNKNOWN in {test}: {why}")
     if checks["status"] != "not run":
         lines += ["", f"harness self-checks (the fake CLI, kernel facts; not counted for the implementation): "
                       f"{checks['status']}" + (f", {checks['reason']}" if checks["reason"] else "")]
@@ -126,7 +134,9 @@ def text(report: dict) -> str:
     bad = failures(report) + failures(checks)
     if bad:
         lines += ["", "failed:"]
-        lines += [f"  {t['test']} ({t['status']}): {t['reason']}" for t in bad]
+        for t in bad:
+            lines.append(f"  {t['test']} ({t['status']})" + (f": {t['purpose']}" if t.get("purpose") else ""))
+            lines += ["      " + ln for ln in (t["reason"] or "").splitlines()]
     return "\n".join(lines)
 
 
@@ -238,8 +248,10 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
                    + "".join(f"<td class='gj-n'>{counts.get(s, '') or ''}</td>" for s in ("PASS", "FAIL", "UNKNOWN"))
                    + "<td>" + "<br>".join(f"{link(t['test'])} ({esc(t['status'])})" for t in failing) + "</td></tr>")
     inv.append("</table>")
-    fails = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{link(t['test'])}</td>"
-             f"<td>{esc(t['status'])}</td><td>{esc(t['reason'])}</td></tr>"
+    inv += [f"<p>{esc(rid)} UNKNOWN in {link(test)}: {esc(why)}</p>" for rid, test, why in unknowns(report)]
+    fails = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{link(t['test'])}"
+             + (f"<br><small>{esc(t['purpose'])}</small>" if t.get("purpose") else "")
+             + f"</td><td>{esc(t['status'])}</td><td><pre>{esc(t['reason'])}</pre></td></tr>"
              for t in failures(report, BAD + ("expected-fail",)) + failures(checks)]
     runs = []
     for r in judged:

@@ -397,7 +397,7 @@ def test_html_report(tmp_path):
     assert ET.fromstring(svgs[0]).find(".//{http://www.w3.org/2000/svg}g[@id='violation']") is not None
     text = report.text(summary)
     assert "3 tests, 2 passed, 1 failed" in text and " !INV-1" in text
-    assert f"{COLD_RACE} (failed): AssertionError" in text
+    assert f"{COLD_RACE} (failed)\n      AssertionError: scenario cold-race" in text   # the whole reason, indented
 
 
 def test_html_report_of_a_green_run(tmp_path):
