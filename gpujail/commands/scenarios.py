@@ -51,6 +51,14 @@ def reproduce(args, sc) -> int:
     result.run_dir = out
     print(result.report(), file=term)
     failed, undecided = result.judge()
+    expected = [i for i, r in result.verdict.results.items() if r.status == "UNKNOWN" and i not in undecided]
+    if expected:   # the scenario declares them: say so, since the verdict line says UNKNOWN
+        print(f"{', '.join(expected)} UNKNOWN as the scenario expects "
+              + ("(its faults are not transient: nobody has to become ready)" if not sc.transient_only
+                 else "(the implementation does not record its lock activity)"), file=term)
+    if undecided:
+        print(f"inconclusive: {', '.join(undecided)} could not be decided, and the scenario does not expect that",
+              file=term)
     return EXIT["failed" if failed else "inconclusive" if undecided else "passed"]
 
 
