@@ -38,6 +38,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpujail.spec import DEFAULT_WORKERS
 from gpujail.world.failpoints import REGISTRY
 
 DIR = Path(__file__).resolve().parent / "scenarios"
@@ -68,7 +69,7 @@ class Kill:
 class Scenario:
     name: str
     description: str = ""
-    gpu_workers: int = 8
+    gpu_workers: int | None = None   # None: the run's --workers (a scenario that names its workers pins it)
     cpu_workers: int = 0
     login_nodes: int = 0
     versions: list[str] = field(default_factory=lambda: ["550.54.15"])
@@ -93,10 +94,16 @@ class Scenario:
     @property
     def workers(self) -> list[tuple[str, str, str | None]]:
         """(worker id, role, driver version) for everyone, GPU workers first."""
-        out = [(f"w{i}", "gpu-worker", self.versions[i % len(self.versions)]) for i in range(self.gpu_workers)]
+        gpu = DEFAULT_WORKERS if self.gpu_workers is None else self.gpu_workers
+        out = [(f"w{i}", "gpu-worker", self.versions[i % len(self.versions)]) for i in range(gpu)]
         out += [(f"cpu{i}", "cpu-worker", None) for i in range(self.cpu_workers)]
         out += [(f"login{i}", "login", None) for i in range(self.login_nodes)]
         return out
+
+    def with_workers(self, n: int) -> "Scenario":
+        """This scenario with `n` GPU workers (--workers), unless it pins its own count."""
+        import dataclasses
+        return self if self.gpu_workers is not None else dataclasses.replace(self, gpu_workers=n)
 
     def randomised(self) -> "Scenario":
         """The same scenario in random mode: its fixed faults plus seeded random timing (and, if

@@ -35,9 +35,9 @@ def cases():
 
 
 @pytest.mark.parametrize("name,mode,seed_offset", list(cases()))
-def test_scenario(name, mode, seed_offset, impl, fleet_class, artefacts_dir, request, tmp_path):
+def test_scenario(name, mode, seed_offset, impl, fleet_class, artefacts_dir, request, tmp_path, workers):
     seed = int(option(request.config, "seed")) + seed_offset
-    sc = scenario.load(name)
+    sc = scenario.load(name).with_workers(workers)
     result = runner.run(sc.randomised() if mode == "random" else sc, impl, tmp_path / "run", seed=seed,
                         fleet_class=fleet_class)
     failed, undecided = judge(result, request)

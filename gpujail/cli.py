@@ -78,11 +78,18 @@ def expectations_for(impl: str, given: str | None) -> str:
 def cmd_run(args, pytest_args: list[str]) -> int:
     check_impl(args.impl)
     check_backend(args.backend)
+    try:
+        options.check_workers(options.flag("workers", args.workers))
+    except options.BadInput as e:
+        raise Stop("bad-input", str(e)) from None
     return running.run(args, expectations_for(args.impl, args.expectations), pytest_args)
 
 
 def cmd_reproduce(args) -> int:
-    sc = load_scenario(args.scenario)
+    try:
+        sc = load_scenario(args.scenario).with_workers(options.check_workers(options.flag("workers", args.workers)))
+    except options.BadInput as e:
+        raise Stop("bad-input", str(e)) from None
     check_impl(args.impl)
     check_backend("kernel")   # the chaos runner's backend
     return scenarios.reproduce(args, sc)
@@ -112,7 +119,7 @@ def parser() -> Parser:
     run.add_argument("--expectations", default=env["expectations"] or None,
                      help=help_of["expectations"] + "; default: expectations/<impl>.toml for a bundled one, '' for none")
     run.add_argument("--seed", type=int, default=env["seed"], help=help_of["seed"])
-    run.add_argument("--workers", type=int, default=env["workers"], help=help_of["workers"])
+    run.add_argument("--workers", default=env["workers"], help=help_of["workers"])
     run.add_argument("--reports", default="reports", help="directory for the reports (default: reports)")
     run.add_argument("-n", "--jobs", default="auto", help="pytest-xdist processes (default: auto)")
     run.add_argument("-m", help="pytest marker expression, e.g. scale for the 128-worker run")
@@ -123,6 +130,7 @@ def parser() -> Parser:
     rep.add_argument("scenario", help="a name from `gpujail scenarios`, or a scenario TOML file")
     rep.add_argument("--impl", default="reference", help=help_of["impl"])
     rep.add_argument("--seed", type=int, default=0, help="the schedule's seed (a failing test prints it)")
+    rep.add_argument("--workers", default=env["workers"], help=help_of["workers"])
     rep.add_argument("--random", action="store_true", help="add the seeded random timing (the '-random-seed+N' tests)")
     rep.add_argument("--out", help="where to keep history, final state and timeline")
 

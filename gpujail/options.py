@@ -22,6 +22,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpujail.spec import DEFAULT_WORKERS
+
 
 @dataclass(frozen=True)
 class Option:
@@ -43,7 +45,8 @@ OPTIONS = [
            "implementation under test: reference, legacy, direct, example-shell, mutant:NAME, or a command "
            "string with {jail} {node} {role}"),
     Option("backend", "GPUJAIL_BACKEND", "kernel", "kernel | model | docker"),
-    Option("workers", "GPUJAIL_WORKERS", "8", "parallel workers for multi-worker tests"),
+    Option("workers", "GPUJAIL_WORKERS", str(DEFAULT_WORKERS),
+           "GPU workers of every multi-worker test and scenario that does not pin its count"),
     Option("seed", "GPUJAIL_TEST_SEED", "0", "seed for randomised schedules"),
     Option("expectations", "GPUJAIL_EXPECTATIONS", "", "TOML file of expected failures (strict xfail)"),
     Option("gpujail-report", "GPUJAIL_REPORT", "", "write a JSON summary per requirement to this file"),
@@ -195,6 +198,32 @@ def check_count(v: Value) -> int:
     return int(v.text)
 
 
+WORKER_MEMORY = 16 * 2**20   # a worker node's share of memory, with room (measured: 10.9 MiB PSS, docs/benchmarks.md)
+
+
+def host_capacity() -> tuple[int, str]:
+    """How many workers this host can hold at once, and why: memory available, and processes
+    (a worker is a few: its node, the implementation, the CLI)."""
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+    available = int(meminfo.get("MemAvailable", "0 kB").split()[0]) * 1024
+    pids = int(Path("/proc/sys/kernel/pid_max").read_text())
+    by_memory, by_pids = available // WORKER_MEMORY, pids // 8
+    if by_memory <= by_pids:
+        return max(1, by_memory), f"{available // 2**20} MiB of memory available, about {WORKER_MEMORY // 2**20} MiB each"
+    return by_pids, f"a pid limit of {pids}, about 8 processes each"
+
+
+def check_workers(v: Value) -> int:
+    """--workers: at least 1, and no more than this host can hold."""
+    n = check_count(v)
+    if n < 1:
+        raise BadInput(f"{v.label}: expected at least 1 worker")
+    most, why = host_capacity()
+    if n > most:
+        raise BadInput(f"{v.label}: this host can hold about {most} workers at once ({why})")
+    return n
+
+
 def check_self_checks(v: Value) -> None:
     if v.text not in SELF_CHECK_MODES:
         raise BadInput(f"{v.label}: expected one of {', '.join(SELF_CHECK_MODES)}")
@@ -229,7 +258,7 @@ def check_all(read) -> tuple[dict[str, Value], dict]:
     expectations table."""
     values = {o.name: read(o.name) for o in OPTIONS}
     check_backend(values["backend"])
-    check_count(values["workers"])
+    check_workers(values["workers"])
     check_count(values["seed"])
     check_self_checks(values["self-checks"])
     check_impl(values["impl"])

@@ -229,6 +229,11 @@ class Suite:
         return self.value("impl")
 
     @pytest.fixture
+    def workers(self) -> int:
+        """GPU workers for a multi-worker test or scenario that does not pin its count (--workers)."""
+        return int(self.value("workers"))
+
+    @pytest.fixture
     def jail(self, tmp_path) -> Path:
         """A fresh jail image under the test's own tmp_path."""
         from gpujail.fixtures.jail import make_jail

@@ -62,6 +62,9 @@ PLACEHOLDER_MAX = 64          # a placeholder (0-byte or marker) is smaller than
 PLACEHOLDER_NAME = "lib*.so.*"  # ... and named like a versioned library
 REAL_CONTENT_MIN = 1024       # a mounted regular file shows more than this by path
 
+# GPU workers of a multi-worker test or scenario that does not pin its count (--workers).
+DEFAULT_WORKERS = 8
+
 # How long one start (one run of the implementation) may take before it is killed with everything it
 # started: --start-timeout, or GPUJAIL_START_TIMEOUT in the environment.
 START_TIMEOUT = 120.0

@@ -474,3 +474,21 @@ def test_stale_run_directories_are_swept_only_when_their_owner_is_gone(tmp_path)
         (d / "jail").mkdir(parents=True)
     assert sweep(tmp_path) == [stale]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "gpujail-run-notapid"])
+
+
+@needs_kernel
+def test_workers_sets_the_count_of_scenarios_that_do_not_pin_it(tmp_path):
+    """`--workers 4` runs 4 GPU workers in a scenario that does not pin its count (cold-race); a
+    scenario that names its workers keeps its own; 0, negatives and more than the host can hold are
+    bad input, said before anything runs."""
+    from gpujail.chaos import scenario
+    r = gpujail(tmp_path, "reproduce", "cold-race", "--impl", "reference", "--workers", "4", "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    starts = {e["node"] for e in map(json.loads, (tmp_path / "out/history.jsonl").read_text().splitlines())
+              if e["kind"] == "worker.start"}
+    assert starts == {"w0", "w1", "w2", "w3"}, starts
+    assert len(scenario.load("failing-neighbour").with_workers(4).workers) == 6   # pinned: it names w5
+    for bad, words in (("0", "at least 1"), ("-1", "non-negative"), ("10000000", "this host can hold")):
+        t0 = time.monotonic()
+        one_line_error(gpujail(tmp_path, "run", "--workers", bad), 2, f"--workers '{bad}'", words)
+        assert time.monotonic() - t0 < 5

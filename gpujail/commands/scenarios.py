@@ -63,7 +63,8 @@ def reproduce(args, sc) -> int:
 
 
 def one_line(sc) -> str:
-    roles = [f"{n} {what}" for n, what in ((sc.gpu_workers, "GPU"), (sc.cpu_workers, "CPU"), (sc.login_nodes, "login"))
+    gpu = sum(1 for _, role, _ in sc.workers if role == "gpu-worker")
+    roles = [f"{n} {what}" for n, what in ((gpu, "GPU"), (sc.cpu_workers, "CPU"), (sc.login_nodes, "login"))
              if n]
     text = " ".join(sc.description.split())
     first = text.split(". ")[0].rstrip(".")
