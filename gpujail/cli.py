@@ -80,6 +80,7 @@ def cmd_run(args, pytest_args: list[str]) -> int:
     check_backend(args.backend)
     try:
         options.check_workers(options.flag("workers", args.workers))
+        options.check_seconds(options.flag("start-timeout", args.start_timeout))
     except options.BadInput as e:
         raise Stop("bad-input", str(e)) from None
     return running.run(args, expectations_for(args.impl, args.expectations), pytest_args)
@@ -120,6 +121,7 @@ def parser() -> Parser:
                      help=help_of["expectations"] + "; default: expectations/<impl>.toml for a bundled one, '' for none")
     run.add_argument("--seed", type=int, default=env["seed"], help=help_of["seed"])
     run.add_argument("--workers", default=env["workers"], help=help_of["workers"])
+    run.add_argument("--start-timeout", default=env["start-timeout"], help=help_of["start-timeout"])
     run.add_argument("--reports", default="reports", help="directory for the reports (default: reports)")
     run.add_argument("-n", "--jobs", default="auto", help="pytest-xdist processes (default: auto)")
     run.add_argument("-m", help="pytest marker expression, e.g. scale for the 128-worker run")

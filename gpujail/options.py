@@ -22,7 +22,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpujail.spec import DEFAULT_WORKERS
+from gpujail.spec import DEFAULT_WORKERS, START_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ OPTIONS = [
     Option("workers", "GPUJAIL_WORKERS", str(DEFAULT_WORKERS),
            "GPU workers of every multi-worker test and scenario that does not pin its count"),
     Option("seed", "GPUJAIL_TEST_SEED", "0", "seed for randomised schedules"),
+    Option("start-timeout", "GPUJAIL_START_TIMEOUT", f"{START_TIMEOUT:g}",
+           "seconds one worker start may take; then it is killed with everything it started"),
     Option("expectations", "GPUJAIL_EXPECTATIONS", "", "TOML file of expected failures (strict xfail)"),
     Option("gpujail-report", "GPUJAIL_REPORT", "", "write a JSON summary per requirement to this file"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
@@ -224,6 +226,17 @@ def check_workers(v: Value) -> int:
     return n
 
 
+def check_seconds(v: Value) -> float:
+    """--start-timeout: a positive number of seconds."""
+    try:
+        seconds = float(v.text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise BadInput(f"{v.label}: expected a positive number of seconds")
+    return seconds
+
+
 def check_self_checks(v: Value) -> None:
     if v.text not in SELF_CHECK_MODES:
         raise BadInput(f"{v.label}: expected one of {', '.join(SELF_CHECK_MODES)}")
@@ -260,6 +273,7 @@ def check_all(read) -> tuple[dict[str, Value], dict]:
     check_backend(values["backend"])
     check_workers(values["workers"])
     check_count(values["seed"])
+    check_seconds(values["start-timeout"])
     check_self_checks(values["self-checks"])
     check_impl(values["impl"])
     return values, load_expectations(values["expectations"])

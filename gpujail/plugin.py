@@ -98,6 +98,8 @@ class Suite:
             self.values, self.expectations = options.check_all(lambda name: options.value(config, name))
         except BadInput as e:
             raise pytest.UsageError(str(e)) from None
+        # Every start's deadline (gpujail.spec.start_timeout), for this process and the nodes it starts.
+        os.environ[options.BY_NAME["start-timeout"].env] = self.value("start-timeout")
         self.config = config
         self.by_requirement: dict[str, list] = defaultdict(list)
         self.self_checks: dict[str, list] = defaultdict(list)

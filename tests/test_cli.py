@@ -28,7 +28,7 @@ from gpujail import backends, cli, report
 from gpujail.backends import kernel
 from gpujail.commands import progress, scenarios
 from gpujail.commands import run as running
-from gpujail.plugin import OPTIONS
+from gpujail.options import OPTIONS
 from gpujail.world import failpoints
 
 REPO = Path(__file__).resolve().parents[1]
@@ -492,3 +492,21 @@ def test_workers_sets_the_count_of_scenarios_that_do_not_pin_it(tmp_path):
         t0 = time.monotonic()
         one_line_error(gpujail(tmp_path, "run", "--workers", bad), 2, f"--workers '{bad}'", words)
         assert time.monotonic() - t0 < 5
+
+
+@needs_kernel
+def test_a_hanging_script_costs_about_one_deadline_per_test(tmp_path):
+    """A script that never ends, with --start-timeout 2: each test ends after about one deadline
+    (its starts run at once and are not restarted), and the reason says where, in words."""
+    hang = tmp_path / "hang.sh"
+    hang.write_text("setsid sleep 993.5 &\nsleep 994.5\n")
+    t0 = time.monotonic()
+    r = gpujail(tmp_path, "run", "--impl", f"sh {hang}", "--start-timeout", "2", "--reports", str(tmp_path / "reports"),
+                "-n", "1", "conformance/test_worker_start.py::test_cold_bring_up")
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stdout + r.stderr
+    tests = [t for entry in json.loads((tmp_path / "reports/summary.json").read_text())["requirements"].values()
+             for t in entry["tests"]]
+    assert tests and all("timeout after 2 s in start 1 of worker" in t["reason"] for t in tests), tests
+    assert took < 60, f"3 tests with a 2 s deadline took {took:.0f} s"
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and ("993.5" in _cmdline(p) or "994.5" in _cmdline(p))]

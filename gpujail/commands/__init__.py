@@ -40,9 +40,11 @@ class Stop(Exception):
 
 
 def check_backend(name: str) -> None:
-    from gpujail import backends
-    if name not in backends.NAMES:
-        raise Stop("bad-input", f"--backend {name!r}: expected one of {', '.join(backends.NAMES)}")
+    from gpujail import backends, options
+    try:
+        options.check_backend(options.flag("backend", name))
+    except options.BadInput as e:
+        raise Stop("bad-input", str(e)) from None
     reason = backends.unavailable(name)
     if reason:
         raise Stop("backend", f"--backend {name}: {reason}")
