@@ -422,3 +422,27 @@ def test_failure_reasons_are_the_checks_own_words():
         def function():
             """Workers start at once. Then more happens."""
     assert plugin.purpose(Item) == "Workers start at once"
+
+
+def test_a_vendor_failure_is_filed_under_what_it_checks_of_the_implementation(run, pytester):
+    """A test of the implementation that also names the CLI and kernel facts it leans on (REF-5,
+    CLI-6, K-1) is filed under REF-5 only: a vendor's failure never shows up as a CLI-* or K-*
+    failure (those headings are the harness self-checks')."""
+    pytester.makepyfile(test_vendor="""
+        import pytest
+
+        @pytest.mark.req("REF-5", "CLI-6", "K-1")
+        def test_neighbour():
+            assert 0, "worker w lost its mounts"
+
+        @pytest.mark.req("CLI-5")
+        def test_only_a_cli_id():
+            pass
+    """)
+    report = pytester.path / "summary.json"
+    result = run(f"--gpujail-report={report}", "--impl", "true {jail}")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, output(result)
+    reqs = json.loads(report.read_text())["requirements"]
+    assert reqs["REF-5"]["counts"] == {"failed": 1} and reqs["REF-5"]["tests"][0]["reason"] == "worker w lost its mounts"
+    assert "CLI-6" not in reqs and "K-1" not in reqs
+    assert reqs["CLI-5"]["counts"] == {"passed": 1}   # nothing else to file it under
