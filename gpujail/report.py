@@ -105,6 +105,9 @@ def counts_text(counts: dict) -> str:
     return ", ".join(f"{counts[s]} {s}" for s in order)
 
 
+SPEC_DOC = Path(__file__).resolve().parent / "spec.md"   # the requirements in words (package data)
+
+
 def text(report: dict) -> str:
     """The run in a screenful: requirements, invariants, what failed."""
     info = report["run_info"]
@@ -270,6 +273,8 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
 {esc(counts_text(totals(report)))}.</p>
 {f"<p class='gj-fail'>Harness self-checks failed: {esc(checks['reason'])}</p>" if head == "ERROR" else ""}
 <h2>Requirements</h2>
+<p>Each requirement in words, with the tests that check it: <a href="{esc(SPEC_DOC.as_uri())}">gpujail/spec.md</a>
+(installed with the package: <code>{esc(str(SPEC_DOC))}</code>).</p>
 {''.join(req)}
 <h2>Invariants over the chaos runs</h2>
 {''.join(inv)}

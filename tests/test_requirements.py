@@ -11,6 +11,7 @@ configuration stays out of this session's.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import defaultdict
 from contextlib import contextmanager
@@ -69,6 +70,17 @@ class _Citations:
         for item in session.items:
             for rid in {i for m in item.iter_markers("req") for i in m.args}:
                 self.cited[rid].append(item.nodeid)
+
+
+def collect_citations(*suites: str) -> _Citations:
+    """Which tests of `suites` cite which IDs, from an in-process collection (both backends' tests)."""
+    citations = _Citations()
+    for backend in ("kernel", "model"):
+        with nested_session():
+            code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "--backend",
+                                backend, "--rootdir", str(REPO), *(str(REPO / s) for s in suites)], plugins=[citations])
+        assert code == pytest.ExitCode.OK, f"collecting {', '.join(suites)} failed ({code!r})"
+    return citations
 
 
 def test_every_ref_and_cli_requirement_is_cited():
@@ -446,3 +458,43 @@ def test_a_vendor_failure_is_filed_under_what_it_checks_of_the_implementation(ru
     assert reqs["REF-5"]["counts"] == {"failed": 1} and reqs["REF-5"]["tests"][0]["reason"] == "worker w lost its mounts"
     assert "CLI-6" not in reqs and "K-1" not in reqs
     assert reqs["CLI-5"]["counts"] == {"passed": 1}   # nothing else to file it under
+
+
+SPEC_DOC = REPO / "gpujail" / "spec.md"
+
+
+def with_citations(text: str, cited: dict[str, list[str]]) -> str:
+    """gpujail/spec.md with each requirement's section ending in its `Cited by:` line."""
+    out, current = [], None
+
+    def close():
+        if current:
+            while out and not out[-1].strip():
+                out.pop()
+            tests = sorted({nodeid.split("[")[0] for nodeid in cited.get(current, [])})
+            out.extend(["", "Cited by: " + (", ".join(f"`{n}`" for n in tests) if tests else
+                                            "no test yet" + (f" ({PENDING[current]})" if current in PENDING else "")) + ".", ""])
+    for line in text.splitlines():
+        if line.startswith("Cited by: "):
+            continue
+        if line.startswith(("## ", "### ")):
+            close()
+            m = re.match(r"### ([A-Z]+-\d+)\b", line)
+            current = m[1] if m else None
+        out.append(line)
+    close()
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def test_the_shipped_specification_names_every_requirement_and_its_tests():
+    """gpujail/spec.md (installed with the package; README, CONTRACT.md and the report link to it)
+    has a section per requirement ID, in gpujail/spec.py's order, each ending with the tests that
+    really cite it. `GPUJAIL_UPDATE_SPEC=1` rewrites the `Cited by:` lines."""
+    text = SPEC_DOC.read_text()
+    assert re.findall(r"^### ([A-Z]+-\d+)\b", text, re.M) == list(REQUIREMENTS)
+    cited = collect_citations("conformance", "chaos").cited
+    expected = with_citations(text, cited)
+    if os.environ.get("GPUJAIL_UPDATE_SPEC"):
+        SPEC_DOC.write_text(expected)
+        text = expected
+    assert text == expected, "the Cited by: lines are stale: GPUJAIL_UPDATE_SPEC=1 pytest tests/test_requirements.py"
