@@ -8,7 +8,8 @@ failpoints for every process that inherits the environment. Grammar (gofail's, u
 
     spec   := entry (';' entry)*
     entry  := NAME '=' term ('->' term)*
-    term   := [N '*'] [P '%'] action ['(' arg ')']
+    term   := [N '*' | P '%'] action ['(' arg ')']
+            | N '*' P '%' action ['(' arg ')']
     action := off | return | sleep | panic | print | pause | kill
 
 Each hit walks the chain from the start and fires the first term that *allows* it, as gofail's
