@@ -11,6 +11,7 @@ in a node sees through the jail.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import sys
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
+from gpujail.fixtures.nvc_info import gpu_uuid
 
 from gpujail.backends.probes import gpu_files
 from gpujail.world.failpoints import REGISTRY, Barrier
@@ -175,7 +177,8 @@ def test_list_sections_order_and_options(world):
 # -- CLI-3 destinations -------------------------------------------------------------------------
 
 def destination(jail, src: str, debian: bool = True) -> str:
-    """SPEC CLI-3, as the CLI names the target (firmware by a plain join, not resolved)."""
+    """SPEC CLI-3, as the CLI names the target: resolved inside the jail, so firmware's /lib/...
+    goes through the jail's own `lib -> usr/lib`."""
     base = os.path.basename(src)
     if src.startswith(f"/{LIB}/"):
         return f"{jail}/{LIB if debian else 'usr/lib64'}/{base}"
@@ -183,6 +186,8 @@ def destination(jail, src: str, debian: bool = True) -> str:
         return f"{jail}/{LIB32 if debian else 'usr/lib'}/{base}"
     if src.startswith("/usr/bin/"):
         return f"{jail}/usr/bin/{base}"
+    if src.startswith("/lib/"):
+        return f"{jail}/usr{src}"
     return f"{jail}{src}"
 
 
@@ -190,9 +195,9 @@ def destination(jail, src: str, debian: bool = True) -> str:
 def test_destinations_in_a_debian_rootfs(world):
     """Libraries are flattened into usr/lib/x86_64-linux-gnu (32-bit ones into
     usr/lib/i386-linux-gnu), binaries land in usr/bin, firmware, the IPC socket and device nodes at
-    ROOTFS + host path. The firmware target is named by a plain join (JAIL/lib/firmware/...) and
-    lands, through the jail's own `lib -> usr/lib`, in JAIL/usr/lib/firmware: the mount table shows it
-    there, and the host sees the placeholder there."""
+    ROOTFS + host path, every one resolved inside the jail (mount_in_root): the firmware target is
+    JAIL/usr/lib/firmware/..., through the jail's own `lib -> usr/lib` (1.15 named it by a plain
+    join, JAIL/lib/firmware/...); the mount table shows it there, and the host sees the placeholder there."""
     node = world.node("a")
     r = configure(node, world.jail, "--compat32")
     assert (r.code, r.stderr) == (0, "")
@@ -202,7 +207,7 @@ def test_destinations_in_a_debian_rootfs(world):
     options = mount_options(node)
     assert all(os.path.realpath(dst) in options for dst in mounted.values())
     fw = f"/lib/firmware/nvidia/{VERSION}/{FIRST_FIRMWARE}"
-    assert mounted[fw] == f"{world.jail}{fw}"
+    assert mounted[fw] == f"{world.jail}/usr{fw}"
     assert f"{world.jail}/usr{fw}" in options
     assert (world.jail / f"usr{fw}").stat().st_size == 0
     assert not [e for e in world.events("cli.mkdir") if e["path"].startswith(f"{world.jail}/{LIB}/")]
@@ -252,21 +257,74 @@ def test_mode_comparison_includes_the_file_type(world):
     assert (r.code, stderr_lines(r)) == (1, [f"nvidia-container-cli: mount error: file creation failed: {ml}: is a directory"])
 
 
-@pytest.mark.req("CLI-4")
-def test_symlink_target_is_reported_as_file_exists(world):
-    """open(O_NOFOLLOW|O_CREAT) on a (dangling) symlink fails with ELOOP, reported as `file exists`
-    against that target; nothing is created through the link."""
-    link = world.jail / "usr/bin/nvidia-smi"
-    os.symlink("nowhere", link)
+@pytest.mark.req("CLI-3")
+def test_jail_symlinks_resolve_inside_the_jail_and_never_out(world, tmp_path):
+    """Issue 16 point 1 (mount_in_root): a target whose last component is an absolute link to a
+    host directory lands at that path *inside* the jail, nothing is created on the host; a target
+    whose `..` would climb out of the jail is the CLI's `path error`, and nothing is created."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(f"{outside}/nvidia-smi", world.jail / "usr/bin/nvidia-smi")
+    os.symlink(str(outside), world.jail / "usr/lib/firmware")     # lib/firmware -> a host directory
     node = world.node("a")
     r = configure(node, world.jail)
-    assert (r.code, stderr_lines(r)) == (1, [f"nvidia-container-cli: mount error: file creation failed: {link}: file exists"])
-    assert not (world.jail / "usr/bin/nowhere").exists()
+    assert (r.code, r.stderr) == (0, ""), r
+    mounted = {e["src"]: e["dst"] for e in world.events("cli.mount", node="a")}
+    assert mounted["/usr/bin/nvidia-smi"] == f"{world.jail}{outside}/nvidia-smi"
+    fw = f"/lib/firmware/nvidia/{VERSION}/{FIRST_FIRMWARE}"
+    assert mounted[fw] == f"{world.jail}{outside}/nvidia/{VERSION}/{FIRST_FIRMWARE}"
+    assert os.listdir(outside) == []
+    os.unlink(world.jail / "usr/bin/nvidia-smi")
+    os.symlink("../../../../nvidia-smi", world.jail / "usr/bin/nvidia-smi")
+    r = configure(world.node("b"), world.jail)
+    assert r.code == 1 and stderr_lines(r) == [
+        f"nvidia-container-cli: mount error: path error: /usr/bin/nvidia-smi resolves outside of {world.jail}"], r
+    assert not os.path.lexists(world.jail.parent / "nvidia-smi") and os.listdir(outside) == []
+
+
+@pytest.mark.req("CLI-4", "CLI-8")
+def test_existence_check_does_not_follow_a_final_symlink(world):
+    """Issue 16 point 1 (file_mode_nofollow): a target swapped for a symlink after the CLI resolved
+    it is not "existing with the wanted mode" even when the link points at a file of exactly that
+    mode: open(O_NOFOLLOW|O_CREAT) meets the link, ELOOP is reported as `file exists`, and nothing is
+    mounted through the link. (1.15's stat followed it, skipped the create and mounted over the decoy.)"""
+    decoy = world.jail / "usr/bin/decoy"
+    put(str(decoy), MARKER, stat.S_IFREG | 0o755)
+    node = world.node("a")
+    barrier = Barrier("swap", directory=world.barriers)
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            run = pool.submit(configure, node, world.jail, failpoints="cli.before_mount=1*pause(swap)")
+            barrier.wait_arrivals(1)
+            second = world.jail / "usr/bin/nvidia-debugdump"       # the second binary's target
+            os.symlink("decoy", second)
+        finally:
+            barrier.release()
+        r = run.result()
+    assert (r.code, stderr_lines(r)) == (1, [f"nvidia-container-cli: mount error: file creation failed: "
+                                             f"{second}: file exists"]), r
+    assert str(decoy) not in mount_options(node) and open(decoy, "rb").read() == MARKER
+
+
+@pytest.mark.req("CLI-4")
+def test_existing_directories_of_another_mode_are_tolerated(world):
+    """Issue 16 point 2: the per-batch directories (bins, libs, libs32) go through file_create as
+    directories, EEXIST tolerated: an existing usr/bin of mode 0700 is kept as it is and the run goes
+    on; a missing usr/lib/i386-linux-gnu is created as a target of its own, mode 0755."""
+    os.chmod(world.jail / "usr/bin", 0o700)
+    node = world.node("a")
+    r = configure(node, world.jail, "--compat32")
+    assert (r.code, r.stderr) == (0, ""), r
+    assert stat.S_IMODE(os.stat(world.jail / "usr/bin").st_mode) == 0o700
+    created = [(e["path"], e["mode"]) for e in world.events("cli.create", node="a")]
+    assert f"{world.jail}/usr/bin" not in [path for path, _ in created]
+    assert (f"{world.jail}/{LIB32}", oct(stat.S_IFDIR | 0o755)) in created
+    assert stat.S_IMODE(os.stat(world.jail / LIB32).st_mode) == 0o755
 
 
 @pytest.mark.req("CLI-4", "CLI-8")
 def test_mkdir_race_fails_the_losers_with_file_exists(world):
-    """Four CLIs paused at their first mkdir (the missing JAIL/lib/firmware) and released together:
+    """Four CLIs paused at their first mkdir (the missing JAIL/usr/lib/firmware) and released together:
     one mkdir wins, the three others fail with EEXIST, reported against the *leaf* target."""
     nodes = [world.node(f"w{i}") for i in range(4)]
     barrier = Barrier("race", directory=world.barriers)
@@ -277,8 +335,8 @@ def test_mkdir_race_fails_the_losers_with_file_exists(world):
         finally:
             barrier.release()    # never leave CLIs paused
         results = [run.result() for run in runs]
-    assert {e["path"] for e in world.events("failpoint", action="pause")} == {f"{world.jail}/lib/firmware"}
-    leaf = f"{world.jail}/lib/firmware/nvidia/{VERSION}/{FIRST_FIRMWARE}"
+    assert {e["path"] for e in world.events("failpoint", action="pause")} == {f"{world.jail}/usr/lib/firmware"}
+    leaf = f"{world.jail}/usr/lib/firmware/nvidia/{VERSION}/{FIRST_FIRMWARE}"
     assert sorted(r.code for r in results) == [0, 1, 1, 1]
     for r in (r for r in results if r.code):
         assert stderr_lines(r) == [f"nvidia-container-cli: mount error: file creation failed: {leaf}: file exists"]
@@ -322,7 +380,7 @@ def test_cleanup_unmounts_and_unlinks_only_empty_files(world):
     put(cfg, b"")
     node = world.node("a")
     r = configure(node, world.jail, failpoints="cli.before_mkdir=return(EIO)")
-    leaf = f"{world.jail}/lib/firmware/nvidia/{VERSION}/{FIRST_FIRMWARE}"
+    leaf = f"{world.jail}/usr/lib/firmware/nvidia/{VERSION}/{FIRST_FIRMWARE}"
     assert (r.code, stderr_lines(r)) == (
         1, [f"nvidia-container-cli: mount error: file creation failed: {leaf}: input/output error"])
 
@@ -366,6 +424,142 @@ def test_missing_host_ldconfig_fails_after_mounting(world):
         1, ["nvidia-container-cli: ldcache error: open failed: /nonexistent/ldconfig: no such file or directory"])
     assert world.events("cli.cleanup.umount") == []
     assert all(r["attached"] for r in node.probe(gpu_files(world.jail)))
+
+
+@pytest.mark.req("CLI-7")
+def test_ldconfig_runs_without_the_option_from_the_rootfs(world):
+    """Issue 16 point 3: without `--ldconfig` the CLI still runs an ldconfig, the rootfs's own
+    /sbin/ldconfig (here the jail's `sbin -> usr/sbin`), chrooted in the jail: the jail's shared
+    etc/ld.so.cache and soname links appear. Without one in the rootfs nothing runs (exit 0)."""
+    node = world.node("a")
+    r = node.cli("configure", "--compute", "--utility", "--device=all", str(world.jail))
+    assert (r.code, r.stderr) == (0, "") and not (world.jail / "etc/ld.so.cache").exists()
+    shutil.copy2(jail_image.find_ldconfig(), world.jail / "usr/sbin/ldconfig")
+    r = node.cli("configure", "--compute", "--utility", "--device=all", str(world.jail))
+    assert (r.code, r.stderr) == (0, "")
+    assert [e["argv"][:3] for e in world.events("cli.ldconfig", node="a")] == [["chroot", str(world.jail), "/sbin/ldconfig"]]
+    assert (world.jail / "etc/ld.so.cache").exists()
+    assert os.readlink(f"{world.jail}/{LIB}/libnvidia-ml.so.1") == f"libnvidia-ml.so.{VERSION}"
+
+
+# -- issue 16: compat libraries, the CLI's symlinks, cleanup per batch, devices, requirements ----
+
+def compat_lib(jail, name: str = "libcuda.so.999.01") -> str:
+    """A CUDA forward-compatibility library shipped in the rootfs (usr/local/cuda/compat)."""
+    d = jail / "usr/local/cuda/compat"
+    d.mkdir(parents=True, exist_ok=True)
+    put(str(d / name), b"compat library " * 200)
+    return name
+
+
+@pytest.mark.req("CLI-3", "CLI-1")
+def test_cuda_compat_libraries_are_mounted_by_default(world):
+    """Issue 16 point 4: with `--compute` and the default `--cuda-compat-mode=mount`, the rootfs's
+    usr/local/cuda/compat/lib*.so.* are mounted into the library directory over 0-byte placeholders;
+    `list` never prints them; `disabled` mounts none; a mode the option table lacks (`hook`: the
+    toolkit maps it to `disabled` itself) is the CLI's own container error, before anything."""
+    name = compat_lib(world.jail)
+    node = world.node("a")
+    r = node.cli("configure", "--compute", "--device=all", "--ldconfig=/usr/bin/true",
+                 "--cuda-compat-mode=hook", str(world.jail))
+    assert (r.code, stderr_lines(r)) == (1, ["nvidia-container-cli: container error: invalid option: "
+                                             "cuda-compat-mode=hook"])
+    assert not file_events(world)
+    assert configure(node, world.jail, "--cuda-compat-mode=disabled").code == 0
+    assert not os.path.lexists(f"{world.jail}/{LIB}/{name}")
+    b = world.node("b")
+    assert configure(b, world.jail).code == 0
+    dst = f"{world.jail}/{LIB}/{name}"
+    assert [e["src"] for e in world.events("cli.mount", node="b", dst=dst)] == [f"{world.jail}/usr/local/cuda/compat/{name}"]
+    assert os.path.getsize(dst) == 0 and dst in mount_options(b)
+    assert name not in b.cli("list").stdout
+
+
+@pytest.mark.req("CLI-3", "CLI-6")
+def test_cli_symlinks_are_made_and_never_cleaned_up(world):
+    """Issue 16 point 5: `--compute` makes libcuda.so -> libcuda.so.1 next to the libraries; a later
+    failure of the driver batch (the firmware's mkdir) cleans up the mounts but not that link. A
+    failure to make the link fails the driver batch: every mount of it is undone."""
+    node = world.node("a")
+    link = f"{world.jail}/{LIB}/libcuda.so"
+    r = configure(node, world.jail, failpoints="cli.before_symlink=return(EIO)")
+    assert (r.code, stderr_lines(r)) == (1, [f"nvidia-container-cli: mount error: file creation failed: {link}: "
+                                             "input/output error"])
+    mounted = [e["dst"] for e in world.events("cli.mount", node="a")]
+    assert mounted and [e["path"] for e in world.events("cli.cleanup.umount", node="a")] == mounted
+    r = configure(node, world.jail, failpoints="cli.before_mkdir=return(EIO)")
+    assert r.code == 1 and os.readlink(link) == "libcuda.so.1"
+    assert link not in {e.get("path") for e in world.history() if e["kind"].startswith("cli.cleanup")}
+
+
+@pytest.mark.req("CLI-6")
+def test_cleanup_counts_a_file_as_mounted_only_after_its_remount(world):
+    """Issue 16 point 6: a file whose read-only remount fails was never recorded (mount_files
+    records a target after both mounts): cleanup undoes the two binaries before it, in order, and
+    leaves the third's bind mount and placeholder where they are."""
+    node = world.node("a")
+    r = configure(node, world.jail, failpoints="cli.after_mount=2*off->return(EIO)")
+    assert r.code == 1
+    mounted = [e["dst"] for e in world.events("cli.mount", node="a")]
+    assert len(mounted) == 3
+    assert [e["path"] for e in world.events("cli.cleanup.umount", node="a")] == mounted[:2]
+    assert mounted[2] in mount_options(node) and os.path.exists(mounted[2])
+
+
+@pytest.mark.req("CLI-6")
+def test_cleanup_undoes_a_device_whose_own_bind_failed(world):
+    """Issue 16 point 6: mount_device undoes its own target even when its bind failed (`fail:
+    unmount(dst)`): the node's /dev/nvidiactl in the jail, a 0-byte device node, is unlinked by the
+    cleanup (FTW_F covers device nodes)."""
+    node = world.node("a")
+    assert configure(world.node("b"), world.jail, failpoints="cli.before_mount=off").code == 0
+    hits = [e["path"] for e in world.events("failpoint", node="b", name="cli.before_mount")]
+    ctl = f"{world.jail}/dev/nvidiactl"
+    n = hits.index(ctl)
+    assert node.run(["test", "-e", ctl]).code == 0
+    r = configure(node, world.jail, failpoints=f"cli.before_mount={n}*off->return(EIO)")
+    assert r.code == 1 and "mount operation failed: /dev/nvidiactl" in r.stderr, r
+    assert ctl in [e["path"] for e in world.events("cli.cleanup.unlink", node="a")]
+    assert node.run(["test", "-e", ctl]).code == 1
+
+
+@pytest.mark.req("CLI-1")
+def test_devices_by_uuid_and_bus_id_and_unknown_ones(world):
+    """Issue 16 point 8 (common.c select_devices): `--device` takes GPU UUIDs and PCI bus ids as
+    well as indexes; `none` and an unknown device are the CLI's `device error`, before any mount."""
+    node = world.node("a")
+    for device in (gpu_uuid(1), gpu_uuid(1).lower(), "0:2:0.0", "1"):
+        r = node.cli("list", f"--device={device}")
+        assert (r.code, r.stdout.splitlines()) == (0, CONTROL_DEVICES + ["/dev/nvidia1"]), device
+    for device in ("none", "7", "MIG-0", "GPU-nope"):
+        r = node.cli("configure", "--utility", f"--device={device}", "--ldconfig=/usr/bin/true", str(world.jail))
+        assert (r.code, stderr_lines(r)) == (1, [f"nvidia-container-cli: device error: {device}: unknown device"])
+    assert not file_events(world)
+
+
+@pytest.mark.req("CLI-1")
+def test_require_is_checked_before_any_mount(world):
+    """Issue 16 point 8: `--require` is evaluated before anything is mounted: an unsatisfied
+    condition is `requirement error`, exit 1, no file event; a satisfied one lets the run go on."""
+    node = world.node("a")
+    r = configure(node, world.jail, "--require=cuda>=99.0")
+    assert (r.code, stderr_lines(r)) == (1, ["nvidia-container-cli: requirement error: unsatisfied condition: cuda>=99.0"])
+    assert not file_events(world)
+    assert configure(node, world.jail, "--require=cuda>=12.0 driver>=500").code == 0
+
+
+@pytest.mark.req("CLI-1")
+def test_video_brings_compute_libraries_not_compute_binaries(world):
+    """Issue 16 point 8 (options.h: video = VIDEO_LIBS|COMPUTE_LIBS): `--video` mounts libcuda but
+    not the MPS binaries (COMPUTE_BINS); and `--no-fabric`, in no option table, is argp's error."""
+    node = world.node("a")
+    r = node.cli("configure", "--video", "--device=all", "--ldconfig=/usr/bin/true", str(world.jail))
+    assert (r.code, r.stderr) == (0, "")
+    mounted = {os.path.basename(e["dst"]) for e in world.events("cli.mount", node="a")}
+    assert f"libcuda.so.{VERSION}" in mounted
+    assert not {"nvidia-cuda-mps-control", "nvidia-cuda-mps-server"} & mounted
+    r = node.cli("configure", "--no-fabric", "--compute", str(world.jail))
+    assert (r.code, stderr_lines(r)) == (1, [f"{CONF}: unrecognized option '--no-fabric'", _try(CONF)])
 
 
 # -- CLI-8 failpoints ---------------------------------------------------------------------------

@@ -52,6 +52,23 @@ def outcomes(n, name=NAME):
 
 # -- grammar -------------------------------------------------------------------------------------
 
+def test_percent_miss_falls_through_to_the_next_term(armed):
+    """CLI-8, gofail runtime/terms.go: a `P%term` that misses lets the hit fall through to the next
+    term of the chain (it is not an `off`): every hit here fails, with EIO or with ENOSPC."""
+    armed("cli.before_mkdir=50%return(EIO)->return(ENOSPC)")
+    got = outcomes(64)
+    assert set(got) == {errno.EIO, errno.ENOSPC}, got
+
+
+def test_count_and_percent_combine(armed):
+    """CLI-8: `N*P%term` needs both mods (gofail's modList): it can fire only within its first N
+    hits, each with probability P; after those N hits the chain moves on."""
+    armed("cli.before_mkdir=4*100%return(EIO)->return(ENOSPC)")
+    assert outcomes(6) == [errno.EIO] * 4 + [errno.ENOSPC] * 2
+    armed("cli.before_mkdir=4*0%return(EIO)->off")
+    assert outcomes(6) == [None] * 6
+
+
 @pytest.mark.parametrize("spec, expected", [
     ("cli.before_mkdir=off", [("off", None, None, None)]),
     ("cli.before_mkdir=return(EIO)", [("return", "EIO", None, None)]),
@@ -65,6 +82,7 @@ def outcomes(n, name=NAME):
     ("cli.before_mkdir=25%return(ENOSPC)", [("return", "ENOSPC", None, 25.0)]),
     ("cli.before_mkdir=12.5%print", [("print", None, None, 12.5)]),
     ("cli.before_mkdir=2*off->return(EIO)", [("off", None, 2, None), ("return", "EIO", None, None)]),
+    ("cli.before_mkdir=3*50%return(EIO)", [("return", "EIO", 3, 50.0)]),
     ("cli.before_mkdir=1*sleep(50)->3*print->kill", [("sleep", "50", 1, None), ("print", None, 3, None),
                                                      ("kill", None, None, None)]),
     (" cli.before_mkdir = 1*off -> return(EIO) ", [("off", None, 1, None), ("return", "EIO", None, None)]),

@@ -72,15 +72,15 @@ class Target:
 
 def file_targets(jail, version=VERSION) -> list[Target]:
     """Binaries, libraries and firmware of `configure --compute --utility`, in the CLI's plan order.
-    Libraries and binaries land in the Debian directories; firmware at JAIL + host path, which the
-    jail's `lib -> usr/lib` link turns into JAIL/usr/lib/firmware/..."""
+    Libraries and binaries land in the Debian directories; firmware at its host path resolved inside
+    the jail (1.18, mount_in_root): the jail's `lib -> usr/lib` makes it JAIL/usr/lib/firmware/..."""
     out = []
     for kind in ("binary", "library", "firmware"):
         for f in catalogue(version):
             if f.kind != kind or f.capability not in CAPS | {"all"}:
                 continue
             name = os.path.basename(f.path)
-            cli = {"binary": f"{jail}/usr/bin/{name}", "library": f"{jail}{LIB64}/{name}"}.get(kind, f"{jail}{f.path}")
+            cli = {"binary": f"{jail}/usr/bin/{name}", "library": f"{jail}{LIB64}/{name}"}.get(kind, f"{jail}/usr{f.path}")
             out.append(Target(f, cli, os.path.realpath(cli)))
     return out
 
@@ -250,9 +250,10 @@ def test_configure_cold_creates_empty_placeholders_and_mounts_read_only(fleet, j
     r = configure(a)
     assert (r.code, r.stdout, r.stderr) == (0, "", "")
     targets = file_targets(jail)
-    assert {e["path"] for e in events(fleet, "cli.create", "a")} == {t.cli_path for t in targets}
+    links = {f"{jail}{LIB64}/libcuda.so"}   # the CLI's own symlink (symlink_libraries), not a target
+    assert {e["path"] for e in events(fleet, "cli.create", "a")} == {t.cli_path for t in targets} | links
     assert [e["path"] for e in events(fleet, "cli.mkdir", "a")] == [
-        f"{jail}/lib/firmware", f"{jail}/lib/firmware/nvidia", f"{jail}/lib/firmware/nvidia/{VERSION}"]
+        f"{jail}/usr/lib/firmware", f"{jail}/usr/lib/firmware/nvidia", f"{jail}/usr/lib/firmware/nvidia/{VERSION}"]
     for t in targets:
         st = os.lstat(t.mountpoint)
         assert stat.S_ISREG(st.st_mode) and st.st_size == 0, t.mountpoint
@@ -293,7 +294,8 @@ def test_failed_cli_unlinks_empty_placeholders_and_detaches_other_nodes(fleet, j
     a, b = fleet.start("a"), fleet.start("b")
     targets = file_targets(jail)
     assert configure(a).code == 0
-    assert {e["path"] for e in events(fleet, "cli.create", "a")} == {t.cli_path for t in targets}
+    links = {f"{jail}{LIB64}/libcuda.so"}   # the CLI's own symlink (symlink_libraries), not a target
+    assert {e["path"] for e in events(fleet, "cli.create", "a")} == {t.cli_path for t in targets} | links
     assert all(os.path.getsize(t.mountpoint) == 0 for t in targets)
 
     r = configure(b, fail_at_socket(targets))
@@ -308,7 +310,9 @@ def test_failed_cli_unlinks_empty_placeholders_and_detaches_other_nodes(fleet, j
             assert "cannot open shared object file" in res["loader"], res
     # Why: B's cleanup unlinked the shared 0-byte placeholders (after unmounting its own mounts).
     assert not any(os.path.lexists(t.mountpoint) for t in targets)
-    assert {e["path"] for e in events(fleet, "cli.cleanup.unlink", "b")} == {t.cli_path for t in targets}
+    # (and its own node-local socket: mount_ipc undoes its own target when its bind fails, CLI-6)
+    assert {e["path"] for e in events(fleet, "cli.cleanup.unlink", "b")} == {t.cli_path for t in targets} | {
+        f"{jail}{SOCKET}"}
     assert not {t.mountpoint for t in targets} & {m["mountpoint"] for m in b.mounts()}
 
     ml = next(t for t in targets if t.file.path.endswith(f"libnvidia-ml.so.{VERSION}"))
@@ -327,7 +331,9 @@ def test_non_empty_markers_survive_a_failed_cli_and_other_nodes_keep_their_mount
     targets = file_targets(jail)
     precreate_markers(targets)
     assert configure(a).code == 0
-    assert events(fleet, "cli.create", "a") == [] and events(fleet, "cli.mkdir", "a") == []
+    # Only the CLI's own libcuda.so symlink is created (symlink_libraries), no target.
+    assert [e["path"] for e in events(fleet, "cli.create", "a")] == [f"{jail}{LIB64}/libcuda.so"]
+    assert events(fleet, "cli.mkdir", "a") == []
 
     r = configure(b, fail_at_socket(targets))
     assert (r.code, r.error_line) == (1, SOCKET_FAILURE)
@@ -338,7 +344,7 @@ def test_non_empty_markers_survive_a_failed_cli_and_other_nodes_keep_their_mount
         assert res.get("loader", "ok") == "ok", res
     # Why: B's cleanup unmounted its own mounts and kept every non-empty marker.
     assert all(Path(t.mountpoint).read_bytes() == MARKER for t in targets)
-    assert events(fleet, "cli.cleanup.unlink", "b") == []
+    assert [e["path"] for e in events(fleet, "cli.cleanup.unlink", "b")] == [f"{jail}{SOCKET}"]   # B's own node-local socket
     kept = {e["path"]: e["size"] for e in events(fleet, "cli.cleanup.keep", "b")}
     assert kept == {t.cli_path: len(MARKER) for t in targets}
     assert not {t.mountpoint for t in targets} & {m["mountpoint"] for m in b.mounts()}
@@ -348,7 +354,7 @@ def test_non_empty_markers_survive_a_failed_cli_and_other_nodes_keep_their_mount
 
 def test_cold_start_mkdir_race_fails_the_losers_with_file_exists(fleet, jail, run_dir):
     """Seed 000, first half (CLI-4): 8 workers start at once on a cold jail. Every CLI mounts the
-    binaries and libraries (their directories exist), then stops at its first mkdir: JAIL/lib/firmware,
+    binaries and libraries (their directories exist), then stops at its first mkdir: JAIL/usr/lib/firmware,
     the first missing ancestor of the firmware target (the image has no usr/lib/firmware). Released
     together, one mkdir wins and the other seven fail with EEXIST, reported against the *leaf* target:
     `mount error: file creation failed: <...>/gsp_ga10x.bin: file exists`, exit 1. Their cleanup then
@@ -364,9 +370,9 @@ def test_cold_start_mkdir_race_fails_the_losers_with_file_exists(fleet, jail, ru
             barrier.release()    # never leave CLIs paused, even when the arrivals did not come
         results = [run.result() for run in runs]
     paused = {e["path"] for e in events(fleet, "failpoint") if e["action"] == "pause"}
-    assert paused == {f"{jail}/lib/firmware"}
+    assert paused == {f"{jail}/usr/lib/firmware"}
 
-    leaf = f"{jail}/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
+    leaf = f"{jail}/usr/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"
     losers = [(n, r) for n, r in zip(nodes, results) if r.code != 0]
     [winner] = [n for n, r in zip(nodes, results) if r.code == 0]
     assert len(losers) == len(nodes) - 1

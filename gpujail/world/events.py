@@ -133,7 +133,9 @@ _kind("cli.fail", "fixtures/fake_cli.py", "error:str mounted:int",
 _kind("cli.cleanup.umount", "fixtures/fake_cli.py", "path:str", "cleanup unmounted a target of the failed batch")
 _kind("cli.cleanup.unlink", "fixtures/fake_cli.py", "path:str size:int? why:str?",
       "cleanup unlinked a 0-byte file (`size`) or a symlink to nothing (`why`): another node's mount dies")
-_kind("cli.cleanup.keep", "fixtures/fake_cli.py", "path:str size:int", "cleanup left a non-empty file in place")
+_kind("cli.cleanup.keep", "fixtures/fake_cli.py", "path:str size:int? why:str?",
+      "cleanup left a target in place (non-empty; or, own-cleanup variant, not created by this run)")
+_kind("cli.ldconfig", "fixtures/fake_cli.py", "argv:list", "configure runs ldconfig on the rootfs (SPEC CLI-7)")
 _kind("cli.exit", "fixtures/fake_cli.py", "code:int error:str?", "the CLI exits (with its error line on failure)")
 
 # -- the bundled implementations (reference_impl/), instrumented ----------------------------------

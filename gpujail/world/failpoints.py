@@ -9,11 +9,16 @@ failpoints for every process that inherits the environment. Grammar (gofail's, u
     spec   := entry (';' entry)*
     entry  := NAME '=' term ('->' term)*
     term   := [N '*' | P '%'] action ['(' arg ')']
+            | N '*' P '%' action ['(' arg ')']
     action := off | return | sleep | panic | print | pause | kill
 
-`N*term` applies `term` to the next N hits, then the chain moves on (so `2*off->return(EIO)` fails
-the 3rd hit); `P%term` applies it with probability P (seeded by GPUJAIL_SEED and the node id). A
-term with no count applies to every remaining hit. Hits are counted per process.
+Each hit walks the chain from the start and fires the first term that *allows* it, as gofail's
+runtime/terms.go (`terms.eval`, `modCount`, `modProb`, `modList`): `N*term` allows its next N hits
+(so `2*off->return(EIO)` fails the 3rd hit); `P%term` allows a hit with probability P (seeded by
+GPUJAIL_SEED and the node id) and on a miss the hit *falls through* to the next term
+(`50%return(EIO)->return(ENOSPC)`); `N*P%term` needs both, the count being spent first (modList
+asks its mods in order and stops at the first refusal). A term with neither allows every hit; a hit
+no term allows does nothing. Hits are counted per process.
 
 Actions: `return(ERRNO|"message")` makes the step fail as the syscall would (OSError), `sleep(ms)`,
 `panic` aborts (SIGABRT, no cleanup), `kill` SIGKILLs the process (no cleanup), `print` writes the
@@ -48,6 +53,7 @@ REGISTRY = {
     "cli.after_list": "fake CLI: after discovery, before anything is created or mounted",
     "cli.before_mkdir": "fake CLI: before each mkdir of a missing parent (make_ancestors)",
     "cli.before_create": "fake CLI: before each placeholder open(O_CREAT)",
+    "cli.before_symlink": "fake CLI: before each symlink it makes next to the libraries (libcuda.so ...)",
     "cli.before_mount": "fake CLI: before each bind mount",
     "cli.after_mount": "fake CLI: after each bind mount, before its read-only remount",
     "cli.after_remount": "fake CLI: after each read-only remount (the target counts as mounted)",
@@ -89,7 +95,7 @@ class Failpoint:
         self.name, self.terms, self.hits, self.rng = name, terms, 0, rng
 
 
-_TERM = re.compile(r"\s*(?:(?P<count>\d+)\*|(?P<pct>\d+(?:\.\d+)?)%)?(?P<action>[a-z]+)(?:\((?P<arg>[^()]*)\))?\s*$")
+_TERM = re.compile(r"\s*(?:(?P<count>\d+)\*)?(?:(?P<pct>\d+(?:\.\d+)?)%)?(?P<action>[a-z]+)(?:\((?P<arg>[^()]*)\))?\s*$")
 
 
 def parse(spec: str) -> dict[str, Failpoint]:
@@ -179,8 +185,6 @@ def hit(name: str, **context) -> None:
     fp.hits += 1
     term = _current_term(fp)
     action = term.action if term else "off"
-    if term and term.percent is not None and fp.rng.uniform(0, 100) >= term.percent:
-        action = "off"
     history.record("failpoint", name=name, hit=fp.hits, action=action, arg=term.arg if term else None, **context)
     if action == "off":
         return
@@ -200,16 +204,15 @@ def hit(name: str, **context) -> None:
 
 
 def _current_term(fp: Failpoint) -> Term | None:
-    while fp.terms:
-        term = fp.terms[0]
-        if term.count is None:
-            return term
-        if term.count > 0:
+    """gofail's terms.eval: the first term of the chain whose mods allow this hit."""
+    for term in fp.terms:
+        if term.count is not None:       # modCount.allow: spend one of the N
+            if term.count <= 0:
+                continue
             term.count -= 1
-            if term.count == 0:
-                fp.terms.pop(0)
-            return term
-        fp.terms.pop(0)
+        if term.percent is not None and fp.rng.uniform(0, 100) >= term.percent:
+            continue                     # modProb.allow missed: fall through to the next term
+        return term
     return None
 
 

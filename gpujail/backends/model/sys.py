@@ -261,7 +261,11 @@ class ModelSys:
         prog = os.path.basename(argv[0])
         if prog == "ldconfig":
             return self._ldconfig(argv[argv.index("-r") + 1] if "-r" in argv else "/")
-        if prog == "chroot":
+        if prog == "chroot":          # the CLI's ldconfig inside the rootfs (SPEC CLI-7)
+            root, inner = argv[1], argv[2]
+            if os.path.basename(inner).startswith("ldconfig") and \
+                    self.fs.lookup(self.ns, f"{root.rstrip('/')}/{inner.lstrip('/')}") is not None:
+                return self._ldconfig(root)
             return 0, "", ""          # --ldconfig=/usr/bin/true and the like: nothing to model
         if prog != "nvidia-container-cli":
             return 127, "", f"{argv[0]}: command not found\n"
