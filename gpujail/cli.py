@@ -122,6 +122,7 @@ def parser() -> Parser:
     run.add_argument("--seed", type=int, default=env["seed"], help=help_of["seed"])
     run.add_argument("--workers", default=env["workers"], help=help_of["workers"])
     run.add_argument("--start-timeout", default=env["start-timeout"], help=help_of["start-timeout"])
+    run.add_argument("--cli", default=env["cli"], choices=list(options.CLI_VARIANTS), help=help_of["cli"])
     run.add_argument("--reports", default="reports", help="directory for the reports (default: reports)")
     run.add_argument("-n", "--jobs", default="auto", help="pytest-xdist processes (default: auto)")
     run.add_argument("-m", help="pytest marker expression, e.g. scale for the 128-worker run")

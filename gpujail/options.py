@@ -52,6 +52,9 @@ OPTIONS = [
            "seconds one worker start may take; then it is killed with everything it started"),
     Option("expectations", "GPUJAIL_EXPECTATIONS", "", "TOML file of expected failures (strict xfail)"),
     Option("gpujail-report", "GPUJAIL_REPORT", "", "write a JSON summary per requirement to this file"),
+    Option("cli", "GPUJAIL_CLI", "fake",
+           "the nvidia-container-cli workers get: 'fake' (libnvidia-container 1.18's behaviour) or "
+           "'fake-own-cleanup' (upstream issue #377's proposal: its cleanup removes only what it created)"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
 ]
@@ -237,6 +240,16 @@ def check_seconds(v: Value) -> float:
     return seconds
 
 
+CLI_VARIANTS = {"fake": "", "fake-own-cleanup": "own-cleanup"}   # --cli -> the fake CLI's GPUJAIL_CLI_VARIANT
+
+
+def check_cli(v: Value) -> str:
+    """--cli: one of CLI_VARIANTS; returns what the fake CLI reads in GPUJAIL_CLI_VARIANT."""
+    if v.text not in CLI_VARIANTS:
+        raise BadInput(f"{v.label}: expected one of {', '.join(CLI_VARIANTS)}")
+    return CLI_VARIANTS[v.text]
+
+
 def check_self_checks(v: Value) -> None:
     if v.text not in SELF_CHECK_MODES:
         raise BadInput(f"{v.label}: expected one of {', '.join(SELF_CHECK_MODES)}")
@@ -274,6 +287,7 @@ def check_all(read) -> tuple[dict[str, Value], dict]:
     check_workers(values["workers"])
     check_count(values["seed"])
     check_seconds(values["start-timeout"])
+    check_cli(values["cli"])
     check_self_checks(values["self-checks"])
     check_impl(values["impl"])
     return values, load_expectations(values["expectations"])

@@ -100,6 +100,8 @@ class Suite:
             raise pytest.UsageError(str(e)) from None
         # Every start's deadline (gpujail.spec.start_timeout), for this process and the nodes it starts.
         os.environ[options.BY_NAME["start-timeout"].env] = self.value("start-timeout")
+        # The fake CLI's variant, for every worker this process starts (kernel.Node.contract_env).
+        os.environ["GPUJAIL_CLI_VARIANT"] = options.check_cli(self.values["cli"])
         self.config = config
         self.by_requirement: dict[str, list] = defaultdict(list)
         self.self_checks: dict[str, list] = defaultdict(list)

@@ -122,6 +122,8 @@ class Node:
                "PYTHONDONTWRITEBYTECODE": "1",
                "GPUJAIL_JAIL": str(self.jail), "GPUJAIL_NODE": self.node_id, "GPUJAIL_ROLE": self.role,
                "NVIDIA_DRIVER_CAPABILITIES": capabilities}
+        if os.environ.get("GPUJAIL_CLI_VARIANT"):   # --cli: which fake CLI the workers get
+            env["GPUJAIL_CLI_VARIANT"] = os.environ["GPUJAIL_CLI_VARIANT"]
         env.update({k: v for k, v in self.env.items()})
         env.update(extra or {})
         return env

@@ -69,7 +69,7 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
     basetemp = scratch("run")
     argv = [*(args.tests or suites()), "-p", "no:cacheprovider", "-n", args.jobs, "--basetemp", str(basetemp),
             "--impl", args.impl, "--backend", args.backend, "--seed", str(args.seed), "--workers", str(args.workers),
-            "--start-timeout", str(args.start_timeout),
+            "--start-timeout", str(args.start_timeout), "--cli", args.cli,
             "--expectations", expectations, "--gpujail-report", str(paths["json"]), "--junitxml", str(paths["junit"]),
             *(["-m", args.m] if args.m else []), *(["-k", args.k] if args.k else []), *pytest_args]
     counter = TestCounter()
