@@ -456,17 +456,18 @@ def compat_lib(jail, name: str = "libcuda.so.999.01") -> str:
 def test_cuda_compat_libraries_are_mounted_by_default(world):
     """Issue 16 point 4: with `--compute` and the default `--cuda-compat-mode=mount`, the rootfs's
     usr/local/cuda/compat/lib*.so.* are mounted into the library directory over 0-byte placeholders;
-    `list` never prints them; `disabled` mounts none; a mode the option table lacks (`hook`: the
-    toolkit maps it to `disabled` itself) is the CLI's own container error, before anything."""
+    `list` never prints them; `disabled` and `hook` (the toolkit's hook does it) mount none; a mode the
+    option table lacks is the CLI's own container error, before anything."""
     name = compat_lib(world.jail)
     node = world.node("a")
     r = node.cli("configure", "--compute", "--device=all", "--ldconfig=/usr/bin/true",
-                 "--cuda-compat-mode=hook", str(world.jail))
+                 "--cuda-compat-mode=bogus", str(world.jail))
     assert (r.code, stderr_lines(r)) == (1, ["nvidia-container-cli: container error: invalid option: "
-                                             "cuda-compat-mode=hook"])
+                                             "cuda-compat-mode=bogus"])
     assert not file_events(world)
-    assert configure(node, world.jail, "--cuda-compat-mode=disabled").code == 0
-    assert not os.path.lexists(f"{world.jail}/{LIB}/{name}")
+    for mode in ("disabled", "hook"):
+        assert configure(node, world.jail, f"--cuda-compat-mode={mode}").code == 0
+        assert not os.path.lexists(f"{world.jail}/{LIB}/{name}"), mode
     b = world.node("b")
     assert configure(b, world.jail).code == 0
     dst = f"{world.jail}/{LIB}/{name}"
