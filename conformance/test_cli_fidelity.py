@@ -520,7 +520,13 @@ def test_cleanup_undoes_a_device_whose_own_bind_failed(world):
     assert node.run(["test", "-e", ctl]).code == 0
     r = configure(node, world.jail, failpoints=f"cli.before_mount={n}*off->return(EIO)")
     assert r.code == 1 and "mount operation failed: /dev/nvidiactl" in r.stderr, r
-    assert ctl in [e["path"] for e in world.events("cli.cleanup.unlink", node="a")]
+    removed = [e["path"] for e in world.events("cli.cleanup.unlink", node="a")]
+    if os.getuid() != 0:
+        # In a user namespace the node's device is a bind mount of /dev/null (no mknod there): another
+        # file system, which file_remove's FTW_MOUNT walk leaves alone, as the real CLI's would.
+        assert ctl not in removed and node.run(["test", "-e", ctl]).code == 0
+        return
+    assert ctl in removed
     assert node.run(["test", "-e", ctl]).code == 1
 
 

@@ -38,10 +38,10 @@ def test_node_local_dev_and_run_changes_are_seen(fleet, jail):
     """/dev and /run are the node's own: a ready start may add to them (its scratch space), but
     deleting or changing what the node had there is reported; a failed start's node is replaced."""
     node = fleet.start("w")
-    r = node.run(["sh", "-c", "rm /dev/nvidiactl; echo x > /run/nvidia-persistenced/socket.new; touch /run/mine"])
+    r = node.run(["sh", "-c", "rm /run/nvidia-persistenced/socket && echo x > /run/mine"])
     assert r.code == 0, r.stderr
-    assert {(c["change"], c["path"]) for c in r.outside} == {("deleted", "/dev/nvidiactl")}, r.outside
-    assert node.run(["sh", "-c", "rm /dev/nvidia0; exit 1"]).outside == []
+    assert {(c["change"], c["path"]) for c in r.outside} == {("deleted", "/run/nvidia-persistenced/socket")}, r.outside
+    assert node.run(["sh", "-c", "rm /dev/shm/* /run/mine; exit 1"]).outside == []
 
 
 def test_writes_in_the_jail_and_the_run_directory_are_not_outside(fleet, jail):
