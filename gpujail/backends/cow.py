@@ -123,8 +123,11 @@ def cover(shared: list[str], lowers: dict[str, str] | None = None) -> HostView:
     userns = os.getuid() != 0 or _in_user_namespace()
     points = _covered(userns)
     # Opened before any overlay: once /mnt is overlaid, what is mounted below it is only reachable
-    # through these descriptors.
+    # through these descriptors. A file mounted over a file (a bind-mounted /etc/resolv.conf, a
+    # driver file an engine put at its host path) cannot carry an overlay: it is bound back as is.
     sources = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in points}
+    files = [(p, os.open(p, os.O_PATH)) for p in _mountpoints()
+             if not os.path.isdir(p) and os.path.exists(p) and not p.startswith(tuple(s + "/" for s in SKIP))]
     os.makedirs(STAGE, exist_ok=True)
     sysops.mount("tmpfs", STAGE, "tmpfs", 0, "mode=0700")
     layers = []
@@ -144,7 +147,7 @@ def cover(shared: list[str], lowers: dict[str, str] | None = None) -> HostView:
                        [p for p in (f"/proc/self/fd/{sources.pop(point)}", lowers.get(point)) if p]))
     for fd in sources.values():   # those whose overlay could not be mounted
         os.close(fd)
-    for path, fd in keep:
+    for path, fd in keep + files:
         sysops.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         os.close(fd)
     sysops.umount(STAGE, MNT_DETACH)

@@ -331,6 +331,9 @@ def main() -> None:
     # `mode & ~umask` and skips them by exact mode (CLI-4), so warm starts must not depend on it.
     os.umask(0o022)
     cfg["privileged"] = os.getuid() == 0
+    # A container's writes land in its own writable layer, never on the host: no overlays of ours
+    # (they would also hide the files the engine bound in at their host paths).
+    cfg.setdefault("cow", not container)
     try:
         if container:
             sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
