@@ -274,10 +274,19 @@ class RealSys:
 
     # -- sub-steps ------------------------------------------------------------------------------
     def run(self, argv: list[str], timeout: float | None = None) -> tuple[int, str, str]:
-        """Run a program (the CLI, ldconfig); returns (exit code, stdout, stderr)."""
+        """Run a program (the CLI, ldconfig); returns (exit code, stdout, stderr). `chroot ROOT PROG
+        ...` is done with chroot(2) here: a minimal image (the docker backend's worker) has no chroot(8)."""
         import subprocess  # here, not at the top: most callers never run anything
+        preexec = None
+        if argv[0] == "chroot":
+            root, argv = argv[1], argv[2:]
+
+            def preexec():
+                os.chroot(root)
+                os.chdir("/")
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                               preexec_fn=preexec)
         except FileNotFoundError:
             return 127, "", f"{argv[0]}: command not found\n"
         return p.returncode, p.stdout, p.stderr
