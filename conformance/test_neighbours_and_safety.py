@@ -33,6 +33,36 @@ def test_failing_neighbour_costs_nothing(world):
     assert lost(a, world.jail) == []
 
 
+@pytest.mark.req("REF-3", "CLI-6", "K-1")
+def test_upgraded_jail_placeholders_become_markers_in_place(world):
+    """An upgraded jail (SPEC REF-3): a worker of the procedure before the fix brought the jail up,
+    so it holds the CLI's 0-byte placeholders with that worker's live mounts on them. A worker of
+    the implementation under test starts: under the lock it writes the marker into each 0-byte
+    placeholder in place (same inode: never unlinked, renamed over or truncated). Then a third
+    worker's start fails after 10 mounts: its CLI's cleanup, which unlinks 0-byte files only, must
+    cost neither the old worker nor the new one anything."""
+    old = world.start("old", impl="legacy")
+    assert old.ready, old.attempts[-1].stderr
+    empty = {}
+    for d in (LIB, "usr/bin", "usr/lib/firmware"):
+        for path in (world.jail / d).rglob("*") if (world.jail / d).is_dir() else []:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+                empty[path] = st.st_ino
+    assert len(empty) >= 10, f"the old worker left only {len(empty)} 0-byte placeholders"
+    a = world.start("A")
+    assert a.ready, a.attempts[-1].stderr
+    for path, ino in empty.items():
+        st = os.lstat(path)
+        assert st.st_ino == ino, f"{path}: inode {st.st_ino}, was {ino}: replaced, not written in place"
+        assert 0 < st.st_size < MARKER_MAX, f"{path}: {st.st_size} bytes: the old 0-byte placeholder is still there"
+    failing = "cli.before_mount=10*off->return(EIO);ref.before_mount=10*off->return(EIO)"
+    b = world.start("B", env={"GPUJAIL_FAILPOINTS": failing})
+    assert not b.ready
+    assert lost(a, world.jail) == []
+    assert lost(old, world.jail) == []
+
+
 @pytest.mark.req("REF-11")
 @pytest.mark.parametrize("link", ["absolute", "dotdot", "absolute-also-in-jail"])
 def test_hostile_symlink_parent(world, tmp_path, link):

@@ -160,9 +160,22 @@ def stays_inside(ctx: Ctx, root: str, rel: str) -> None:
 
 # -- REF-3..5: markers under the lock ----------------------------------------------------------
 
+def is_old_placeholder(st) -> bool:
+    """REF-3: a 0-byte regular file is a placeholder from before the fix (or from another tool):
+    the CLI's cleanup would unlink it from under the mounts other nodes have on it."""
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
+def needs_marker(ctx: Ctx, rel: str) -> bool:
+    """REF-3: the target is missing, or is an old 0-byte placeholder (a node-local /dev or /run
+    entry exists and is not a regular file)."""
+    st = _stat_beneath(ctx, rel)
+    return st is None or is_old_placeholder(st)
+
+
 def missing(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """REF-3: the pairs whose target does not exist (a node-local /dev or /run entry exists)."""
-    return [(h, t) for h, t in pairs if _stat_beneath(ctx, t) is None]
+    """REF-3: the pairs whose target needs a marker."""
+    return [(h, t) for h, t in pairs if needs_marker(ctx, t)]
 
 
 class JailLock:
@@ -217,12 +230,15 @@ def make_parents(ctx: Ctx, rel: str) -> None:
 def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> None:
     """REF-5 under the lock: re-check, then a non-empty marker with the host file's exact mode."""
     for host_path, rel in todo:
-        if _stat_beneath(ctx, rel) is not None:
-            continue   # an earlier lock holder created it
+        if not needs_marker(ctx, rel):
+            continue   # an earlier lock holder created or filled it
         try:
             mode = ctx.sys.stat(host_path).st_mode
         except OSError as e:
             raise Fatal("bad-input", f"listed host file {host_path}: {e.strerror}") from None
+        if _stat_beneath(ctx, rel) is not None:
+            fill_in_place(ctx, rel, stat.S_IMODE(mode))
+            continue
         make_parents(ctx, rel)
         failpoints.hit("ref.before_marker", path=rel)
         try:
@@ -230,6 +246,20 @@ def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> None:
         except OSError as e:
             raise Fatal("jail-write-failed", f"cannot create marker {ctx.jail}/{rel}: {e.strerror}") from None
         history.record("impl.marker", path=rel, mode=oct(stat.S_IMODE(mode)))
+
+
+def fill_in_place(ctx: Ctx, rel: str, mode: int) -> None:
+    """REF-3 under the lock: the marker written into an old 0-byte placeholder *in place* (no
+    O_CREAT, no O_TRUNC, same inode). Never unlinked or renamed over: other nodes may have live
+    mounts on that inode, and removing it would detach them (K-1, K-2)."""
+    failpoints.hit("ref.before_marker", path=rel)
+    try:
+        filled = ctx.sys.fill_empty_beneath(ctx.jail, rel, MARKER, mode)
+    except OSError as e:
+        raise Fatal("jail-write-failed", f"cannot write the marker into the 0-byte placeholder "
+                                         f"{ctx.jail}/{rel}: {e.strerror}") from None
+    if filled:
+        history.record("impl.marker", path=rel, mode=oct(mode), in_place=True)
 
 
 def ensure_placeholders(ctx: Ctx, pairs: list[tuple[str, str]]) -> None:

@@ -84,13 +84,17 @@ outside=$(printf '%s\n' "$list" | while IFS= read -r host; do
 done | xargs -d '\n' realpath -m -- | grep -v -e "^$JAIL/" -e "^$JAIL\$" | head -n 1) || true
 [ -z "$outside" ] || die 7 "a target resolves to $outside, outside the jail $JAIL: refusing (the CLI would follow it)"
 
+# REF-3: a target needs a marker when it is missing or an old 0-byte placeholder (a regular file
+# of size 0: a jail brought up before the fix, or by another tool).
+needs_marker() { [ ! -e "$1" ] || { [ -f "$1" ] && [ ! -s "$1" ]; }; }
+
 # REF-3: which targets are missing (node-local /dev and /run entries exist, so they are skipped).
 missing() {
     printf '%s\n' "$list" | while IFS= read -r host; do
         [ -n "$host" ] || continue
         case "$host" in /*) ;; *) die 2 "\`$CLI list\`: not an absolute path: $host" ;; esac
         rel=$(target "$host")
-        [ -e "$JAIL/$rel" ] || printf '%s\n' "$host"
+        if needs_marker "$JAIL/$rel"; then printf '%s\n' "$host"; fi
     done
 }
 
@@ -99,11 +103,20 @@ create_markers() {
     printf '%s\n' "$1" | while IFS= read -r host; do
         [ -n "$host" ] || continue
         rel=$(target "$host")
-        [ -e "$JAIL/$rel" ] && continue            # an earlier lock holder created it
+        needs_marker "$JAIL/$rel" || continue      # an earlier lock holder created or filled it
         mode=$(stat -L -c %a -- "$host" 2>/dev/null) || die 2 "listed host file $host does not exist"
         dir=${rel%/*}
         enter_dir "$dir" create || die 7 "cannot enter $JAIL/$dir"
         f=./${rel##*/}
+        if [ -f "$f" ] && [ ! -L "$f" ]; then
+            # REF-3: an old 0-byte placeholder: write the marker into it in place (dd: no O_CREAT,
+            # no O_TRUNC, not through a symlink), never unlink or rename it: other nodes may have
+            # live mounts on this inode.
+            printf 'nvidia-placeholder-marker\n' | dd of="$f" conv=notrunc,nocreat oflag=nofollow status=none 2>/dev/null &&
+                [ -s "$f" ] || die 8 "cannot write the marker into the 0-byte placeholder $JAIL/$rel"
+            chmod "$mode" -- "$f" || die 8 "cannot chmod marker $JAIL/$rel"
+            continue
+        fi
         if ! ( set -C; printf 'nvidia-placeholder-marker\n' > "$f" ) 2>/dev/null ||
                 [ "$(stat -c %s -- "$f")" -ne 26 ]; then
             # Never leave a truncated marker: an empty file is what a failing CLI deletes from

@@ -58,6 +58,12 @@ def _big_markers(core):
     core.MARKER = b"nvidia placeholder: nvidia-container-cli bind-mounts the driver file here\n"
 
 
+def _zero_byte_counts_present(core):
+    """REF-3 before its amendment: an old 0-byte placeholder counts as present, so an upgraded
+    jail keeps the placeholders a failing CLI's cleanup unlinks."""
+    core.is_old_placeholder = lambda st: False
+
+
 def _host_mode_not_copied(core):
     # Only create_markers uses stat.S_IMODE: every marker gets 0644 whatever the host file's mode.
     fixed = {**{k: getattr(core.stat, k) for k in dir(core.stat) if k.startswith("S_")}, "S_IMODE": lambda mode: 0o644}
@@ -230,6 +236,8 @@ def _legacy(core):
 MUTANTS = {
     "zero-byte-placeholders": ("placeholders created empty, as the CLI does: its cleanup eats them", _zero_byte_markers),
     "big-markers": ("a chatty marker of 64 bytes or more: no longer a placeholder by REF-9's size bound", _big_markers),
+    "zero-byte-counts-present": ("an old 0-byte placeholder (upgraded jail) counts as present: never made a marker",
+                                 _zero_byte_counts_present),
     "host-mode-not-copied": ("markers created 0644 instead of the host file's mode: the CLI then re-creates them",
                              _host_mode_not_copied),
     "recreate-markers": ("existing placeholders re-created (unlink + write) on every start", _recreate_markers),

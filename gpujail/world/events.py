@@ -149,8 +149,9 @@ _kind("impl.lock.acquired", "reference_impl/core.py reference_impl/mutants.py", 
       "it holds the lock, after `waited` seconds")
 _kind("impl.lock.timeout", "reference_impl/core.py", "lock:str timeout:num", "it gave up waiting after `timeout` seconds")
 _kind("impl.lock.released", "reference_impl/core.py", "lock:str", "it released the lock")
-_kind("impl.marker", "reference_impl/core.py", "path:str mode:str",
-      "it created a marker placeholder (non-empty, < 64 bytes, REF-5) with the host file's mode")
+_kind("impl.marker", "reference_impl/core.py", "path:str mode:str in_place:bool?",
+      "it created a marker placeholder (non-empty, < 64 bytes, REF-5) with the host file's mode "
+      "(in_place: written into an old 0-byte placeholder, REF-3)")
 _kind("impl.mount", "reference_impl/core.py", "src:str dst:str", "`direct` bind-mounted a host file itself")
 _kind("impl.verified", "reference_impl/core.py", "mounts:int", "the CLI's mounts are verified (REF-7)")
 _kind("impl.ldconfig", "reference_impl/core.py", "code:int", "it ran `ldconfig -r` on the jail (REF-8)")
