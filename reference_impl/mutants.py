@@ -161,6 +161,19 @@ def _cleanup_on_failure(core):
     _wrap(core, "run_configure", cleaning)
 
 
+def _compat_mount(core):
+    """REF-6: configure run without --cuda-compat-mode=disabled (the CLI's default, `mount`): with
+    a CUDA image in the jail the CLI also mounts its compat libraries over 0-byte placeholders."""
+    def default_compat_mode(run_configure):
+        def run(ctx):
+            real = ctx.sys.run
+            drop = lambda argv, **kw: real([a for a in argv if a != "--cuda-compat-mode=disabled"], **kw)
+            with mock.patch.object(ctx.sys, "run", drop):
+                return run_configure(ctx)
+        return run
+    _wrap(core, "run_configure", default_compat_mode)
+
+
 def _verify_existence(core):
     _wrap(core, "verify", lambda verify: lambda ctx, before: verify(ctx, before, min_size=-1))
 
@@ -250,6 +263,8 @@ MUTANTS = {
     "retry-in-process": ("a failing configure retried in-process (3 tries) instead of failing the start",
                          _retry_in_process),
     "cleanup-on-failure": ("placeholders removed after a failed configure", _cleanup_on_failure),
+    "compat-mount": ("configure run with the default --cuda-compat-mode=mount: a CUDA image's compat libraries "
+                     "get 0-byte placeholders", _compat_mount),
     "verify-existence": ("mounts verified by existence instead of size: a marker passes", _verify_existence),
     "exit-code-only": ("configure's exit code 0 taken as proof: its mounts never looked at", _exit_code_only),
     "no-verify": ("fire and forget: configure's exit code ignored and nothing verified", _no_verify),
