@@ -54,7 +54,7 @@ def test_cuda_image_compat_libraries_get_no_empty_placeholder(world):
     before = jail_image.snapshot(world.jail)
     w = world.start("w", capabilities="compute,utility")
     assert w.ready, w.attempts[-1].stderr
-    empty = [rel for rel, (mode, size, _) in new_entries(before, world.jail).items() 
+    empty = [rel for rel, (mode, size, _) in new_entries(before, world.jail).items()
              if stat.S_ISREG(mode) and size == 0 and rel.startswith("usr/")]
     assert empty == [], f"0-byte placeholders no marker covers (a failing CLI's cleanup unlinks them): {empty}"
 
