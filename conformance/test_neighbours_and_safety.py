@@ -10,8 +10,10 @@ import threading
 
 import pytest
 from gpujail.conformance.helpers import MARKER_MAX, lost, one_line_error
+from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 
+from gpujail.backends.probes import soname_files
 from gpujail.contract import BUNDLED, command_for
 from gpujail.world.failpoints import Barrier
 
@@ -61,6 +63,35 @@ def test_upgraded_jail_placeholders_become_markers_in_place(world):
     assert not b.ready
     assert lost(a, world.jail) == []
     assert lost(old, world.jail) == []
+
+
+@pytest.mark.req("REF-12", "REF-8")
+def test_each_node_loads_its_own_driver_by_soname(world):
+    """A rolling driver upgrade (the operator's #184): node A runs driver 550, node B driver 570,
+    on one jail. Then the shared linker state is rewritten the ways real clusters do it: a node
+    that sees none of the mounts runs ldconfig on the jail, then B's node does, then A restarts
+    (a new start on 550 after B's). In each ready worker's namespace every soname it mounted
+    (`libnvidia-ml.so.1`, `libcuda.so.1`, ...) must be its *own* driver's library: the host file's
+    bytes, loadable, and exporting its own version."""
+    old, new = drivers.VERSIONS
+    a = world.start("A", version=old)
+    assert a.ready, a.attempts[-1].stderr
+    b = world.start("B", version=new)
+    assert b.ready, b.attempts[-1].stderr
+    ldconfig = [jail_image.find_ldconfig(), "-r", str(world.jail)]
+    blind = world.node("blind", role="cpu-worker")
+    assert blind.run(ldconfig).code == 0
+    assert b.node.run(ldconfig).code == 0
+    a2 = world.start("A2", version=old)
+    assert a2.ready, a2.attempts[-1].stderr
+    for w, version in ((a, old), (b, new), (a2, old)):
+        results = w.node.probe(soname_files(world.jail, version))
+        assert len(results) >= 5
+        wrong = [f"{os.path.basename(r['path'])}: " + (f"driver {r['driver']}" if r.get("driver") else
+                                                        (r.get("error") or r.get("loader") or "?").split(": ")[-1])
+                 for r in results
+                 if r.get("same_bytes") is not True or r.get("driver") != version]
+        assert wrong == [], f"worker {w.node_id} (driver {version}) loads another driver by soname: {wrong}"
 
 
 @pytest.mark.req("REF-11")

@@ -174,6 +174,12 @@ def _compat_mount(core):
     _wrap(core, "run_configure", default_compat_mode)
 
 
+def _soname_links(core):
+    """REF-12 dropped: sonames are the jail's shared ldconfig links (REF-8 only), so on a fleet with
+    two driver versions the last node to run ldconfig points every node's soname at its version."""
+    core.soname_pairs = lambda ctx, pairs: []
+
+
 def _verify_existence(core):
     _wrap(core, "verify", lambda verify: lambda ctx, before: verify(ctx, before, min_size=-1))
 
@@ -265,6 +271,8 @@ MUTANTS = {
     "cleanup-on-failure": ("placeholders removed after a failed configure", _cleanup_on_failure),
     "compat-mount": ("configure run with the default --cuda-compat-mode=mount: a CUDA image's compat libraries "
                      "get 0-byte placeholders", _compat_mount),
+    "soname-links": ("sonames left to the jail's shared ldconfig links: a node on another driver version flips them",
+                     _soname_links),
     "verify-existence": ("mounts verified by existence instead of size: a marker passes", _verify_existence),
     "exit-code-only": ("configure's exit code 0 taken as proof: its mounts never looked at", _exit_code_only),
     "no-verify": ("fire and forget: configure's exit code ignored and nothing verified", _no_verify),

@@ -115,7 +115,7 @@ _kind("impl.outside", "gpujail/backends/node.py", "changes:list",
       changes="path:str change:str mode:int")
 _kind("probe", "gpujail/backends/node.py", "results:list",
       "what a GPU job on the node sees at each driver file: attached, size, same bytes, loader",
-      results="path:str attached:bool size:int|null same_bytes:bool? error:str? loader:str?")
+      results="path:str attached:bool size:int|null same_bytes:bool? error:str? loader:str? driver:str?")
 
 # -- failpoints (gpujail/world/failpoints.py), in any process that evaluates one --------------------
 _kind("failpoint", "gpujail/world/failpoints.py",

@@ -99,6 +99,11 @@ class RealSys:
     def readlink(self, path: str) -> str:
         return os.readlink(path)
 
+    def read_head(self, path: str, limit: int = 65536) -> bytes:
+        """The first `limit` bytes of a file (an ELF header and dynamic section: REF-12's sonames)."""
+        with open(path, "rb") as f:
+            return f.read(limit)
+
     def realpath(self, path: str) -> str:
         """Resolve every symlink the way the host kernel would (not confined to any root)."""
         return os.path.realpath(path)

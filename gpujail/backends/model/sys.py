@@ -100,6 +100,10 @@ class ModelSys:
         return node.target
 
     @_op()
+    def read_head(self, path, limit=65536):
+        return self._existing(path).node.data[:limit]
+
+    @_op()
     def realpath(self, path):
         """Host semantics, like os.path.realpath: links followed, missing components kept."""
         parts = [p for p in path.split("/") if p]
