@@ -180,6 +180,24 @@ def _soname_links(core):
     core.soname_pairs = lambda ctx, pairs: []
 
 
+def _ldconfig_winner_only(core):
+    """The operator's procedure before PR #2682: sonames are the shared ldconfig links (no REF-12),
+    and a worker that finds the ldconfig lock busy skips its soname, trusting the winner, which may
+    be a node that sees none of the mounts (REF-8's re-check dropped)."""
+    _soname_links(core)
+
+    def winner_only(ensure_soname):
+        def ensure(ctx, mounted):
+            try:
+                with core.JailLock(dataclasses.replace(ctx, lock_timeout=0.001), core.LDCONFIG_LOCK):
+                    pass
+            except core.Fatal:
+                return   # "someone else is running ldconfig"
+            return ensure_soname(ctx, mounted)
+        return ensure
+    _wrap(core, "ensure_soname", winner_only)
+
+
 def _verify_existence(core):
     _wrap(core, "verify", lambda verify: lambda ctx, before: verify(ctx, before, min_size=-1))
 
@@ -273,6 +291,8 @@ MUTANTS = {
                      "get 0-byte placeholders", _compat_mount),
     "soname-links": ("sonames left to the jail's shared ldconfig links: a node on another driver version flips them",
                      _soname_links),
+    "ldconfig-winner-only": ("shared soname links, and a busy ldconfig lock taken as 'the winner does it': "
+                             "a blind winner leaves no soname", _ldconfig_winner_only),
     "verify-existence": ("mounts verified by existence instead of size: a marker passes", _verify_existence),
     "exit-code-only": ("configure's exit code 0 taken as proof: its mounts never looked at", _exit_code_only),
     "no-verify": ("fire and forget: configure's exit code ignored and nothing verified", _no_verify),

@@ -91,8 +91,12 @@ _kind("worker.exit", "gpujail/contract.py", "code:int|str error:str|null",
       "the attempt failed: the implementation's exit code (or \"killed\") and its last stderr line")
 
 # -- the chaos runner (node = "host") ------------------------------------------------------------
-_kind("chaos.begin", "chaos/runner.py", "scenario:str impl:str seed:int schedule:dict",
-      "a chaos run starts: the scenario, the implementation, the seed and each worker's failpoints")
+_kind("chaos.begin", "chaos/runner.py", "scenario:str impl:str seed:int schedule:dict versions:dict? windows:list?",
+      "a chaos run starts: the scenario, the implementation, the seed, each worker's failpoints, "
+      "driver version and the fault windows the scenario must open")
+_kind("chaos.ldconfig", "chaos/runner.py", "view:str code:int|str",
+      "the ldconfig nemesis ran `ldconfig -r` on the jail from a node that sees none of the mounts "
+      "(view blind) or its own driver's (view gpu)")
 _kind("chaos.fault", "chaos/runner.py", "worker:str failpoint:str term:str",
       "one failpoint armed for a worker's first start (the nemesis's plan, not yet its effect)")
 _kind("chaos.kill", "chaos/runner.py", "worker:str barrier:str",
