@@ -34,8 +34,7 @@ die() { # die CODE MESSAGE: one line on stderr, exit codes as reference_impl/cor
 }
 
 case "${GPUJAIL_ROLE:-gpu-worker}" in
-    gpu-worker) ;;
-    cpu-worker|login) die 2 "role ${GPUJAIL_ROLE}: dummy-library mounts are not part of this template" ;;
+    gpu-worker|cpu-worker|login) ;;
     *) die 2 "GPUJAIL_ROLE: unknown role '${GPUJAIL_ROLE}' (expected gpu-worker, cpu-worker or login)" ;;
 esac
 
@@ -60,6 +59,35 @@ enter_dir() {
     IFS=$old_ifs
 }
 
+# REF-9: CPU workers and login nodes. Once the GPU flag exists, bind a loadable dummy library over
+# each placeholder (a regular file, not a symlink, named lib*.so.*, under 64 bytes) in the jail's
+# library directories, in this namespace only, so programs linked against NVIDIA libraries start.
+# The dummy is a copy of a small real library of this node, kept on node-local /run.
+dummy_mounts() {
+    [ -e "$JAIL/$FLAG" ] || exit 0                 # no GPU worker is ready yet: nothing to cover
+    dummy=/run/gpujail/libdummy.so
+    if [ ! -f "$dummy" ]; then
+        src=$(find -L /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 -maxdepth 1 -type f \
+                -name 'lib*.so.*' -size +2k -size -200k 2>/dev/null | sort | head -n 1)
+        [ -n "$src" ] || die 2 "no small real library on this node to make the dummy library from"
+        if ! { mkdir -p /run/gpujail && cp -- "$src" "$dummy.tmp" && mv -- "$dummy.tmp" "$dummy"; }; then
+            die 8 "cannot make the dummy library $dummy"
+        fi
+    fi
+    for d in usr/lib/x86_64-linux-gnu usr/lib/i386-linux-gnu usr/lib64 usr/lib; do
+        [ -d "$JAIL/$d" ] && [ ! -L "$JAIL/$d" ] || continue
+        ( enter_dir "$d" || exit 0
+          for f in lib*.so.*; do
+              [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %s -- "$f")" -lt 64 ] || continue
+              if ! { mount --bind -- "$dummy" "$(pwd -P)/$f" && mount -o remount,bind,ro,nodev,nosuid -- "$(pwd -P)/$f"; }; then
+                  [ -e "$f" ] || continue              # removed meanwhile: fine
+                  die 8 "cannot mount the dummy library over $JAIL/$d/$f"
+              fi
+          done )
+    done
+    exit 0
+}
+
 # target HOSTPATH: the jail-relative path the CLI mounts HOSTPATH at (SPEC CLI-3, REF-2).
 target() {
     base=${1##*/}
@@ -70,6 +98,8 @@ target() {
         *) echo "${1#/}" ;;
     esac
 }
+
+case "${GPUJAIL_ROLE:-gpu-worker}" in cpu-worker|login) dummy_mounts ;; esac
 
 # REF-1: the file set.
 if ! list=$("$CLI" list 2>/dev/null); then    # on failure, run it again for its error line
