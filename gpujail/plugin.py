@@ -182,6 +182,8 @@ class Suite:
         entry = {"test": report.nodeid, "status": status, "reason": reason, "duration": round(report.duration, 3)}
         if "invariants" in props:   # a chaos run: each invariant's status
             entry["invariants"] = props["invariants"]
+        if "windows" in props:      # and each fault window its scenario declares: opened or closed
+            entry["windows"] = props["windows"]
         table = self.self_checks if SELF_CHECK in props else self.by_requirement
         ids = props.get("requirements", "")
         for rid in ids.split(",") if ids else ["(none)"]:
