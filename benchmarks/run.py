@@ -14,6 +14,10 @@ absolute times drift on shared machines. `--quick` repeats less (a smoke run, al
 
   seed-bug     legacy reproducing the seed bug, deterministic and randomised, 2 and 8 workers;
                reference on the same seeds
+  real-reports each scenario from real reports (upgraded-jail, mixed-drivers, cuda-image,
+               ldcache-rewrite, ldconfig-blind-winner), deterministic, against legacy and its
+               matching mutant: caught n/20, median time to the first violation
+  windows      per scenario, the fraction of seeded-random runs that open its fault windows
   starts       worker starts/s, reference, direct, example-shell, warm and cold jail, 1/16/128 workers
   paths        reference's warm path in-process vs as a process; direct vs reference start to ready;
                the cold path with 16 contending workers (last lock wait, markers created once)
@@ -98,6 +102,75 @@ def seed_bug(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
             when = f", median {lg['median_s_to_violation']:.2f} s to the first lost file" if lg["violations"] else ""
             rows.append(Row(f"seed bug, legacy, {name}, {workers} workers", f"{lg['violations']}/{runs}{when}",
                             f"reference {result['reference']['violations']}/{runs}"))
+    return rows, raw
+
+
+# -- real-report scenarios (issue 17) ------------------------------------------------------------
+
+# Each new scenario, and the implementations that lack what it checks: legacy and the matching mutant.
+REAL_REPORTS = {"upgraded-jail": "mutant:zero-byte-counts-present", "mixed-drivers": "mutant:soname-links",
+                "cuda-image": "mutant:compat-mount", "ldcache-rewrite": "mutant:soname-links",
+                "ldconfig-blind-winner": "mutant:ldconfig-winner-only"}
+
+
+def _first_violation_s(r) -> float | None:
+    if r.verdict.valid is not False or not r.verdict.first_violation:
+        return None
+    begin = next(e["t"] for e in history.load(str(r.history_path)) if e["kind"] == "chaos.begin")
+    return r.verdict.first_violation["t"] - begin
+
+
+def real_reports(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """Each real-report scenario, deterministic form, against legacy and its matching mutant: how
+    many runs catch it (a violation) and the median time from the run's start to the first one."""
+    runs = 3 if quick else 20
+    rows, raw = [], {}
+    for name, mutant in REAL_REPORTS.items():
+        sc = scenario.load(name)
+        for impl in ("legacy", mutant):
+            times = []
+            errors = 0
+            for seed in range(runs):
+                try:   # a node that cannot be set up (the host changed under it) is counted, not fatal
+                    t = _first_violation_s(runner.run(sc, impl, tmp / f"{name}-{impl}-{seed}".replace(":", "_"), seed=seed))
+                except RuntimeError:
+                    errors += 1
+                    continue
+                if t is not None:
+                    times.append(t)
+            raw[f"{name}/{impl}"] = {"runs": runs, "caught": len(times), "errors": errors,
+                                     "median_s_to_violation": median(times)}
+            when = f", median {median(times):.2f} s to the first violation" if times else ""
+            rows.append(Row(f"{name}, deterministic, {impl}", f"caught {len(times)}/{runs - errors}{when}",
+                            f"{errors} runs could not start" if errors else ""))
+    return rows, raw
+
+
+def windows(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """Per scenario (not the opt-in scale ones), the fraction of seeded-random runs against
+    reference that open every fault window the scenario declares: a random run that opens none
+    proves nothing, so this is what a random run is worth."""
+    runs = 2 if quick else 10
+    rows, raw = [], {}
+    for name in scenario.names():
+        sc = scenario.load(name)
+        if sc.scale or not sc.windows:
+            continue
+        sc = sc.randomised()
+        opened = {w: 0 for w in sc.windows}
+        done = 0
+        for seed in range(runs):
+            try:
+                r = runner.run(sc, "reference", tmp / f"{name}-{seed}", seed=1000 + seed)
+            except RuntimeError:
+                continue
+            done += 1
+            for w, (ok, _) in r.windows.items():
+                opened[w] += ok
+        runs = done
+        raw[name] = {"runs": runs, "opened": opened}
+        rows.append(Row(f"windows opened, {name} (random, reference)",
+                        ", ".join(f"{w} {n}/{runs}" for w, n in opened.items())))
     return rows, raw
 
 
@@ -301,8 +374,8 @@ def tree_pss(root: int) -> tuple[int, int]:
     return total, count
 
 
-FIGURES = {"seed-bug": seed_bug, "starts": starts, "paths": paths, "docker": docker, "model": model,
-           "suites": suites, "memory": memory}
+FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "windows": windows, "starts": starts, "paths": paths,
+           "docker": docker, "model": model, "suites": suites, "memory": memory}
 
 
 def table(rows: list[Row]) -> str:

@@ -30,12 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujail.chaos import checker, timeline
+from gpujail.chaos.checkers import windows as fault_windows
 from gpujail.chaos.scenario import Scenario
+from gpujail.fixtures import elf
 from gpujail.fixtures import jail as jail_image
+from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
 
 from gpujail.backends import kernel
-from gpujail.backends.probes import gpu_files
+from gpujail.backends.probes import gpu_files, soname_files
 from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
 from gpujail.world import history
 from gpujail.world.failpoints import Barrier
@@ -50,6 +53,18 @@ class ChaosRun:
     verdict: checker.Verdict
     workers: dict[str, Worker] = field(default_factory=dict)
     timeline: Path | None = None
+    windows: dict[str, tuple[bool, str]] = field(default_factory=dict)   # declared window -> (opened, where/why not)
+
+    def unopened(self) -> list[str]:
+        """The scenario's declared fault windows this run never opened (chaos/checkers/windows.py)."""
+        return [w for w, (ok, _) in self.windows.items() if not ok]
+
+    @property
+    def status(self) -> str:
+        """PASS, FAIL, UNKNOWN (an invariant undecided) or INCONCLUSIVE (every invariant held, but a
+        declared fault window never opened: the run proved nothing about its fault)."""
+        failed, undecided = self.judge()
+        return "FAIL" if failed else "UNKNOWN" if undecided else "INCONCLUSIVE" if self.unopened() else "PASS"
 
     @property
     def history_path(self) -> Path:
@@ -89,8 +104,10 @@ class ChaosRun:
         where = f"\nhistory: {self.history_path}" + (f"\ntimeline: {self.timeline}" if self.timeline else "")
         unfired = self.unfired()
         note = f"\narmed but never acted: {', '.join(unfired)}" if unfired else ""
+        opened = "".join(f"\n  window {w}: {'opened' if ok else 'NEVER OPENED'}: {why}"
+                         for w, (ok, why) in self.windows.items())
         return (f"scenario {self.scenario.name} against {self.impl} (seed {self.seed}):\n"
-                f"{self.verdict.summary()}{note}{where}")
+                f"{self.verdict.summary()}{note}" + (f"\nfault windows:{opened}" if opened else "") + where)
 
 
 def dress_as_reused(jail: Path) -> None:
@@ -99,6 +116,44 @@ def dress_as_reused(jail: Path) -> None:
     (lib / "libcuda.so.550.54.15").write_bytes(core.MARKER)
     (lib / "libnvidia-ml.so.550.54.15").write_bytes(b"")
     (jail / core.FLAG).touch()
+
+
+def plant_cuda_image(jail: Path) -> None:
+    """A CUDA image's forward-compatibility libraries in the jail (CLI-3): configure --compute with
+    the default --cuda-compat-mode=mount mounts them over 0-byte placeholders `list` never names."""
+    compat = jail / "usr/local/cuda/compat"
+    compat.mkdir(parents=True, exist_ok=True)
+    for name, soname in (("libcuda.so.550.54.15", "libcuda.so.1"),
+                         ("libnvidia-ptxjitcompiler.so.550.54.15", "libnvidia-ptxjitcompiler.so.1")):
+        (compat / name).write_bytes(elf.shared_object(soname, size=4096, tag=b"CUDA forward compatibility"))
+        os.symlink(name, compat / soname)
+
+
+def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, threads: dict, log, nodes: list) -> None:
+    """Run `ldconfig -r JAIL` again and again while the workers run: from a node that sees none of
+    the mounts (view blind: the lock winner of PR #2682) or from a GPU node of its own (view gpu:
+    a node re-running ldconfig on the shared jail, PR #2621), holding the jail's ldconfig lock if
+    asked. Its own node only: a node serves one request at a time, and the probes use the others."""
+    cfg = scenario.ldconfig
+    if cfg.get("view") == "gpu":
+        w = start_worker(fleet, "ldconfig-node", impl, version=cfg.get("version", DEFAULT_VERSION),
+                         capabilities=scenario.capabilities)
+        node = w.node
+    else:
+        node = fleet.start("ldconfig-node", role="cpu-worker", version=None)
+    nodes.append(node)
+    lock = jail / core.LDCONFIG_LOCK
+    argv = [jail_image.find_ldconfig(), "-r", str(jail)]
+    if cfg.get("hold_lock"):   # the lock winner: holds the lock for its run (and `hold` seconds more)
+        argv = ["flock", str(lock), "sh", "-c", f'"$0" "$@" && sleep {float(cfg.get("hold", 0))}', *argv]
+    every = float(cfg.get("every", 0.05))
+    while True:
+        running = any(t.is_alive() for t in threads.values())
+        r = node.run(argv)
+        log("chaos.ldconfig", view=cfg.get("view"), code=r.code)
+        if not running:
+            break
+        time.sleep(every)
 
 
 def host_residue(*needles: str) -> tuple[list[str], list[str]]:
@@ -144,6 +199,15 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             if r.code != 0:
                 raise RuntimeError(f"populate-jail cleanup failed: {r.error_line}")
             node.kill()
+        old = None
+        if scenario.upgraded_jail:
+            # A jail brought up before the fix: a legacy worker's 0-byte placeholders, with its
+            # live mounts on them for the whole run (REF-3).
+            old = start_worker(fleet, "old", "legacy", capabilities=scenario.capabilities)
+            if not old.ready:
+                raise RuntimeError(f"bringing the jail up with legacy failed: {old.attempts[-1].error_line}")
+        if scenario.cuda_image:
+            plant_cuda_image(jail)
         outside = run_dir / "outside"   # a directory outside the jail that hostile links point at
         outside.mkdir(exist_ok=True)
         for link, target in scenario.hostile_links.items():
@@ -151,7 +215,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             os.symlink(target.replace("@OUTSIDE", str(outside)), jail / link)
         before = jail_image.snapshot(jail)
         schedule = scenario.schedule(seed)
-        log("chaos.begin", scenario=scenario.name, impl=impl, seed=seed, schedule=schedule)
+        log("chaos.begin", scenario=scenario.name, impl=impl, seed=seed, schedule=schedule,
+            versions={w: v for w, _, v in scenario.workers if v}, windows=list(scenario.windows))
         for w, spec in schedule.items():
             for entry in spec.split(";"):
                 failpoint, _, term = entry.partition("=")
@@ -175,8 +240,19 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             t.start()
         keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log))
         keeper.start()
+        nemesis_nodes: list = []
+        nemesis = None
+        if scenario.ldconfig:
+            nemesis = threading.Thread(target=_ldconfig_nemesis,
+                                       args=(scenario, fleet, jail, impl, threads, log, nemesis_nodes))
+            nemesis.start()
         versions = {w: v for w, _, v in scenario.workers}
-        probes = {w: gpu_files(jail, v, scenario.capabilities) for w, v in versions.items() if v}
+        probes = {w: gpu_files(jail, v, scenario.capabilities)
+                  + (soname_files(jail, v, scenario.capabilities) if scenario.probe_sonames else [])
+                  for w, v in versions.items() if v}
+        if old is not None:
+            workers["old"] = old
+            probes["old"] = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities)
 
         def probe_ready() -> None:
             for w, worker in list(workers.items()):
@@ -190,6 +266,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             probe_ready()
             time.sleep(scenario.probe_interval)
         keeper.join()
+        if nemesis is not None:
+            nemesis.join()
         if errors:
             wid, e = sorted(errors.items())[0]
             raise RuntimeError(f"worker {wid} could not be started: {e}") from e
@@ -205,7 +283,9 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
     (run_dir / "final_state.json").write_text(json.dumps(final_state, default=list))
     events = history.load(hist)
     verdict = checker.check(events, final_state)
-    result = ChaosRun(scenario, impl, seed, run_dir, verdict, workers)
+    run_view = checker.Run(events, final_state)
+    result = ChaosRun(scenario, impl, seed, run_dir, verdict, workers,
+                      windows={w: fault_windows.opened(w, run_view) for w in scenario.windows})
     if verdict.valid is not True:
         result.timeline = timeline.render(events, verdict, run_dir / "timeline.html")
     return result

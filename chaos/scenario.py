@@ -12,6 +12,11 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     reused_jail = false        # true: the jail holds markers, 0-byte placeholders and the flag of an earlier cluster
     read_only = false          # true: every worker sees the (warmed) jail read-only
     hostile_links = { "usr/lib/firmware/nvidia" = "@OUTSIDE" }   # symlinks out of the jail, planted first
+    windows = ["overlap"]      # the fault windows a run must open, else it is INCONCLUSIVE (chaos/checkers/windows.py)
+    probe_sonames = false      # true: probes also check each ready worker's sonames load its own driver (REF-12)
+    upgraded_jail = false      # true: a `legacy` worker brings the jail up first and stays ready (REF-3)
+    cuda_image = false         # true: the jail holds usr/local/cuda/compat libraries (REF-6)
+    ldconfig = { view = "blind", every = 0.05, hold_lock = true }   # an ldconfig nemesis during the run
     populate_cleanup = false   # true: run the implementation's populate-jail cleanup first
     max_restarts = 3
     transient_only = true      # INV-2 applies: every worker must end ready
@@ -44,7 +49,8 @@ from gpujail.world.failpoints import REGISTRY
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
-        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "hostile_links"}
+        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "hostile_links",
+        "windows", "probe_sonames", "upgraded_jail", "cuda_image", "ldconfig"}
 
 
 class ScenarioError(ValueError):
@@ -90,6 +96,13 @@ class Scenario:
     read_only: bool = False      # every worker sees the jail read-only (after warming it)
     hostile_links: dict[str, str] = field(default_factory=dict)   # jail path -> link target ("@OUTSIDE": a dir outside)
     legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
+    windows: list[str] = field(default_factory=list)   # fault windows the run must open (chaos/checkers/windows.py)
+    probe_sonames: bool = False  # also probe each ready worker's sonames against its own driver (REF-12)
+    upgraded_jail: bool = False  # a `legacy` worker brings the jail up first and stays ready (0-byte placeholders, REF-3)
+    cuda_image: bool = False     # the jail holds a CUDA image's usr/local/cuda/compat libraries (REF-6, CLI-3)
+    # the ldconfig nemesis: {view = "blind" | "gpu", every = seconds, version = "..." (gpu view),
+    # hold_lock = true: it runs ldconfig holding etc/complement_jail_ldconfig.lock, like the lock winner}
+    ldconfig: dict = field(default_factory=dict)
 
     @property
     def workers(self) -> list[tuple[str, str, str | None]]:
@@ -157,6 +170,12 @@ def load(source: str | Path) -> Scenario:
     for f in faults:
         if f.failpoint not in REGISTRY:
             raise ScenarioError(f"{path}: fault on unknown failpoint {f.failpoint!r}")
+    from gpujail.chaos.checkers.windows import WINDOWS
+    unknown_windows = [w for w in scenario.windows if w not in WINDOWS]
+    if unknown_windows:
+        raise ScenarioError(f"{path}: unknown window(s) {', '.join(unknown_windows)} (known: {', '.join(WINDOWS)})")
+    if scenario.ldconfig and scenario.ldconfig.get("view") not in ("blind", "gpu"):
+        raise ScenarioError(f"{path}: ldconfig.view must be \"blind\" or \"gpu\"")
     if scenario.mode not in ("deterministic", "random"):
         raise ScenarioError(f"{path}: mode {scenario.mode!r}, expected deterministic or random")
     ids = {w for w, _, _ in scenario.workers}

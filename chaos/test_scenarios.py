@@ -44,17 +44,29 @@ def test_scenario(name, mode, seed_offset, impl, fleet_class, artefacts_dir, req
     if failed or undecided:
         result.keep(artefacts_dir)
     assert not failed and not undecided, result.report()
+    inconclusive(result)
 
 
 def judge(result, request) -> tuple[list[str], list[str]]:
     """`ChaosRun.judge()`, with each invariant's status recorded for the JSON summary and JUnit XML
-    (the per-invariant tables of the reports)."""
+    (the per-invariant tables of the reports), and each declared fault window's (opened or not)."""
     statuses = " ".join(f"{i}={r.status}" for i, r in result.verdict.results.items())
     request.node.user_properties.append(("invariants", statuses))
     # why an invariant was not PASS, in words (an UNKNOWN always says why)
     request.node.user_properties.append(("invariant_reasons", {i: r.note for i, r in result.verdict.results.items()
                                                                if r.status != "PASS"}))
+    if result.windows:
+        request.node.user_properties.append(
+            ("windows", " ".join(f"{w}={'opened' if ok else 'closed'}" for w, (ok, _) in result.windows.items())))
     return result.judge()
+
+
+def inconclusive(result) -> None:
+    """A run whose invariants held but whose declared fault window never opened proved nothing: it
+    is INCONCLUSIVE (reported as a skip whose reason starts with INCONCLUSIVE), never a pass."""
+    if result.unopened():
+        pytest.skip("INCONCLUSIVE: fault window(s) never opened: "
+                    + "; ".join(f"{w} ({result.windows[w][1]})" for w in result.unopened()))
 
 
 PER_FILE = ["cli.before_mkdir", "cli.before_create", "cli.before_mount", "cli.after_mount", "cli.after_remount",

@@ -10,8 +10,10 @@ import threading
 
 import pytest
 from gpujail.conformance.helpers import MARKER_MAX, lost, one_line_error
+from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 
+from gpujail.backends.probes import soname_files
 from gpujail.contract import BUNDLED, command_for
 from gpujail.world.failpoints import Barrier
 
@@ -31,6 +33,65 @@ def test_failing_neighbour_costs_nothing(world):
     assert not b.ready
     assert world.events("failpoint", action="return"), "the injected failure never fired"
     assert lost(a, world.jail) == []
+
+
+@pytest.mark.req("REF-3", "CLI-6", "K-1")
+def test_upgraded_jail_placeholders_become_markers_in_place(world):
+    """An upgraded jail (SPEC REF-3): a worker of the procedure before the fix brought the jail up,
+    so it holds the CLI's 0-byte placeholders with that worker's live mounts on them. A worker of
+    the implementation under test starts: under the lock it writes the marker into each 0-byte
+    placeholder in place (same inode: never unlinked, renamed over or truncated). Then a third
+    worker's start fails after 10 mounts: its CLI's cleanup, which unlinks 0-byte files only, must
+    cost neither the old worker nor the new one anything."""
+    old = world.start("old", impl="legacy")
+    assert old.ready, old.attempts[-1].stderr
+    empty = {}
+    for d in (LIB, "usr/bin", "usr/lib/firmware"):
+        for path in (world.jail / d).rglob("*") if (world.jail / d).is_dir() else []:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+                empty[path] = st.st_ino
+    assert len(empty) >= 10, f"the old worker left only {len(empty)} 0-byte placeholders"
+    a = world.start("A")
+    assert a.ready, a.attempts[-1].stderr
+    for path, ino in empty.items():
+        st = os.lstat(path)
+        assert st.st_ino == ino, f"{path}: inode {st.st_ino}, was {ino}: replaced, not written in place"
+        assert 0 < st.st_size < MARKER_MAX, f"{path}: {st.st_size} bytes: the old 0-byte placeholder is still there"
+    failing = "cli.before_mount=10*off->return(EIO);ref.before_mount=10*off->return(EIO)"
+    b = world.start("B", env={"GPUJAIL_FAILPOINTS": failing})
+    assert not b.ready
+    assert lost(a, world.jail) == []
+    assert lost(old, world.jail) == []
+
+
+@pytest.mark.req("REF-12", "REF-8")
+def test_each_node_loads_its_own_driver_by_soname(world):
+    """A rolling driver upgrade (the operator's #184): node A runs driver 550, node B driver 570,
+    on one jail. Then the shared linker state is rewritten the ways real clusters do it: a node
+    that sees none of the mounts runs ldconfig on the jail, then B's node does, then A restarts
+    (a new start on 550 after B's). In each ready worker's namespace every soname it mounted
+    (`libnvidia-ml.so.1`, `libcuda.so.1`, ...) must be its *own* driver's library: the host file's
+    bytes, loadable, and exporting its own version."""
+    old, new = drivers.VERSIONS
+    a = world.start("A", version=old)
+    assert a.ready, a.attempts[-1].stderr
+    b = world.start("B", version=new)
+    assert b.ready, b.attempts[-1].stderr
+    ldconfig = [jail_image.find_ldconfig(), "-r", str(world.jail)]
+    blind = world.node("blind", role="cpu-worker")
+    assert blind.run(ldconfig).code == 0
+    assert b.node.run(ldconfig).code == 0
+    a2 = world.start("A2", version=old)
+    assert a2.ready, a2.attempts[-1].stderr
+    for w, version in ((a, old), (b, new), (a2, old)):
+        results = w.node.probe(soname_files(world.jail, version))
+        assert len(results) >= 5
+        wrong = [f"{os.path.basename(r['path'])}: " + (f"driver {r['driver']}" if r.get("driver") else
+                                                        (r.get("error") or r.get("loader") or "?").split(": ")[-1])
+                 for r in results
+                 if r.get("same_bytes") is not True or r.get("driver") != version]
+        assert wrong == [], f"worker {w.node_id} (driver {version}) loads another driver by soname: {wrong}"
 
 
 @pytest.mark.req("REF-11")

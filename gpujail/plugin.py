@@ -189,6 +189,8 @@ class Suite:
         if "invariants" in props:   # a chaos run: each invariant's status, and why where not PASS
             entry["invariants"] = props["invariants"]
             entry["invariant_reasons"] = props.get("invariant_reasons", {})
+        if "windows" in props:      # and each fault window its scenario declares: opened or closed
+            entry["windows"] = props["windows"]
         table = self.self_checks if SELF_CHECK in props else self.by_requirement
         ids = [i for i in props.get("requirements", "").split(",") if i] or ["(none)"]
         if table is self.by_requirement:

@@ -92,6 +92,23 @@ def unknowns(report: dict) -> list[tuple[str, str, str]]:
             for t in tests_of(report).values() for inv, status in invariants_of(t).items() if status == "UNKNOWN"]
 
 
+def window_rows(report: dict) -> list[tuple[str, str, int, int]]:
+    """Per scenario and fault window (chaos/checkers/windows.py): (scenario, window, runs that opened
+    it, runs). A run whose window never opened is INCONCLUSIVE, never a pass (issue 17)."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    for t in tests_of(report).values():
+        if not t.get("windows"):
+            continue
+        m = re.search(r"\[([^\]]+?)(?:-random)?(?:-seed\+\d+)?\]$", t["test"])
+        name = m.group(1) if m else t["test"]
+        for part in t["windows"].split():
+            window, _, state = part.partition("=")
+            c = counts.setdefault((name, window), [0, 0])
+            c[0] += state == "opened"
+            c[1] += 1
+    return [(sc, w, opened, runs) for (sc, w), (opened, runs) in sorted(counts.items())]
+
+
 def unexpected(tests: list[dict]) -> list[dict]:
     return [t for t in tests if t["status"] != "expected-fail"]
 
@@ -130,6 +147,10 @@ def text(report: dict) -> str:
                          + (f" ({expected} expected)" if expected else ""))
         for rid, test, why in unknowns(report):
             lines.append(f"  {rid} UNKNOWN in {test}: {why}")
+    windows = window_rows(report)
+    if windows:
+        lines += ["", "fault windows (runs that opened each; a run that opened none of its scenario's is INCONCLUSIVE):"]
+        lines += [f"  {sc:<24} {w:<24} {opened}/{runs}" for sc, w, opened, runs in windows]
     if checks["status"] != "not run":
         lines += ["", f"harness self-checks (the fake CLI, kernel facts; not counted for the implementation): "
                       f"{checks['status']}" + (f", {checks['reason']}" if checks["reason"] else "")]

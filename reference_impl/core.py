@@ -57,6 +57,7 @@ class Ctx:
     cli: str = "nvidia-container-cli"
     lock_timeout: float = 120.0
     name: str = "reference"
+    sonames: frozenset = frozenset()   # jail-relative soname targets (REF-12): a symlink there is replaced
 
     @classmethod
     def from_env(cls, sysops, name: str, environ=None) -> Ctx:
@@ -160,9 +161,28 @@ def stays_inside(ctx: Ctx, root: str, rel: str) -> None:
 
 # -- REF-3..5: markers under the lock ----------------------------------------------------------
 
+def is_old_placeholder(st) -> bool:
+    """REF-3: a 0-byte regular file is a placeholder from before the fix (or from another tool):
+    the CLI's cleanup would unlink it from under the mounts other nodes have on it."""
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
+def needs_marker(ctx: Ctx, rel: str) -> bool:
+    """REF-3: the target is missing, or is an old 0-byte placeholder (a node-local /dev or /run
+    entry exists and is not a regular file); REF-12: a soname target that is still ldconfig's
+    symlink."""
+    st = _stat_beneath(ctx, rel)
+    return st is None or is_old_placeholder(st) or (rel in ctx.sonames and _is_link(ctx, rel))
+
+
+def _is_link(ctx: Ctx, rel: str) -> bool:
+    st = _lstat_in_jail(ctx, rel)
+    return st is not None and stat.S_ISLNK(st.st_mode)
+
+
 def missing(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """REF-3: the pairs whose target does not exist (a node-local /dev or /run entry exists)."""
-    return [(h, t) for h, t in pairs if _stat_beneath(ctx, t) is None]
+    """REF-3: the pairs whose target needs a marker."""
+    return [(h, t) for h, t in pairs if needs_marker(ctx, t)]
 
 
 class JailLock:
@@ -217,12 +237,23 @@ def make_parents(ctx: Ctx, rel: str) -> None:
 def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> None:
     """REF-5 under the lock: re-check, then a non-empty marker with the host file's exact mode."""
     for host_path, rel in todo:
-        if _stat_beneath(ctx, rel) is not None:
-            continue   # an earlier lock holder created it
+        if not needs_marker(ctx, rel):
+            continue   # an earlier lock holder created or filled it
         try:
             mode = ctx.sys.stat(host_path).st_mode
         except OSError as e:
             raise Fatal("bad-input", f"listed host file {host_path}: {e.strerror}") from None
+        if rel in ctx.sonames and _is_link(ctx, rel):
+            # REF-12: ldconfig's soname link becomes a marker. A symlink carries no mount (every
+            # implementation of REF-12 replaces it under this lock before mounting), so removing
+            # it detaches nothing.
+            try:
+                ctx.sys.unlink_beneath(ctx.jail, rel)
+            except FileNotFoundError:
+                pass
+        elif _stat_beneath(ctx, rel) is not None:
+            fill_in_place(ctx, rel, stat.S_IMODE(mode))
+            continue
         make_parents(ctx, rel)
         failpoints.hit("ref.before_marker", path=rel)
         try:
@@ -230,6 +261,20 @@ def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> None:
         except OSError as e:
             raise Fatal("jail-write-failed", f"cannot create marker {ctx.jail}/{rel}: {e.strerror}") from None
         history.record("impl.marker", path=rel, mode=oct(stat.S_IMODE(mode)))
+
+
+def fill_in_place(ctx: Ctx, rel: str, mode: int) -> None:
+    """REF-3 under the lock: the marker written into an old 0-byte placeholder *in place* (no
+    O_CREAT, no O_TRUNC, same inode). Never unlinked or renamed over: other nodes may have live
+    mounts on that inode, and removing it would detach them (K-1, K-2)."""
+    failpoints.hit("ref.before_marker", path=rel)
+    try:
+        filled = ctx.sys.fill_empty_beneath(ctx.jail, rel, MARKER, mode)
+    except OSError as e:
+        raise Fatal("jail-write-failed", f"cannot write the marker into the 0-byte placeholder "
+                                         f"{ctx.jail}/{rel}: {e.strerror}") from None
+    if filled:
+        history.record("impl.marker", path=rel, mode=oct(mode), in_place=True)
 
 
 def ensure_placeholders(ctx: Ctx, pairs: list[tuple[str, str]]) -> None:
@@ -242,6 +287,63 @@ def ensure_placeholders(ctx: Ctx, pairs: list[tuple[str, str]]) -> None:
         failpoints.hit("ref.after_lock")
         create_markers(ctx, todo)
         failpoints.hit("ref.before_unlock")
+
+
+# -- REF-12: per-node sonames ------------------------------------------------------------------
+
+def soname_pairs(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """REF-12: (host library, jail-relative soname target) for every listed library whose soname
+    (DT_SONAME, read from the host file) differs from its file name, e.g.
+    (/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15, usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1).
+
+    Why: the jail's soname links and etc/ld.so.cache are shared by every node, so a link can point
+    at one driver version only, and whoever runs ldconfig last picks it (the operator's #184: 535
+    and 550 nodes). Instead each soname becomes a placeholder too (a marker, under the lock), and
+    every node bind-mounts its *own* library over it in its own namespace. ldconfig never turns a
+    regular file into a link ("is not a symbolic link"), so no later ldconfig, on any node, can
+    flip it; and the soname is found by path even when a blind ldconfig dropped it from the cache."""
+    from gpujail.fixtures.elf import read_soname  # the one ELF parser of the project
+    out = []
+    for host_path, rel in pairs:
+        base = os.path.basename(rel)
+        if not (base.startswith("lib") and ".so." in base):
+            continue
+        try:
+            soname = read_soname(ctx.sys.read_head(host_path))
+        except OSError as e:
+            raise Fatal("bad-input", f"listed host library {host_path}: {e.strerror}") from None
+        if soname and soname != base and "/" not in soname:
+            out.append((host_path, f"{os.path.dirname(rel)}/{soname}"))
+    return out
+
+
+def with_sonames(ctx: Ctx, pairs: list[tuple[str, str]]) -> tuple[Ctx, list[tuple[str, str]]]:
+    """The context knowing its soname targets, and those targets' pairs (REF-12)."""
+    sonames = soname_pairs(ctx, pairs)
+    ctx.sonames = frozenset(rel for _, rel in sonames)
+    return ctx, sonames
+
+
+def mount_sonames(ctx: Ctx, sonames: list[tuple[str, str]], mounted: list[str]) -> list[str]:
+    """REF-12: bind this node's own library over each soname placeholder whose library the CLI
+    mounted, read-only like the CLI's mounts, then check it shows real content by path (REF-7)."""
+    done = set(mounted)
+    out = []
+    for host_path, rel in sonames:
+        if f"{os.path.dirname(rel)}/{os.path.basename(host_path)}" not in done:
+            continue   # a capability this start did not ask for
+        try:
+            ctx.sys.bind_mount_beneath(host_path, ctx.jail, rel, MS_RDONLY | MS_NODEV | MS_NOSUID)
+        except OSError as e:
+            raise Fatal("verify-failed", f"cannot mount {host_path} over the soname {ctx.jail}/{rel}: "
+                                         f"{e.strerror}") from None
+        history.record("impl.mount", src=host_path, dst=rel)
+        st = _stat_beneath(ctx, rel)
+        if st is None or st.st_size <= REAL_CONTENT_MIN:
+            raise Fatal("verify-failed", f"{ctx.jail}/{rel}: soname shows {st.st_size if st else 'nothing'} "
+                                         f"bytes after mounting {host_path} over it")
+        out.append(rel)
+    return out
 
 
 # -- REF-6: the CLI ---------------------------------------------------------------------------

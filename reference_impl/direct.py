@@ -9,9 +9,10 @@ from gpujail.reference_impl import core, reference
 
 def gpu_worker(ctx: core.Ctx) -> None:
     pairs = core.plan(ctx, core.file_set(ctx))
-    core.ensure_placeholders(ctx, pairs)
+    ctx, sonames = core.with_sonames(ctx, pairs)
+    core.ensure_placeholders(ctx, pairs + sonames)   # REF-12: each soname a placeholder too
     before = core.jail_mounts(ctx)
-    core.mount_directly(ctx, core.for_capabilities(ctx, pairs))
+    core.mount_directly(ctx, core.for_capabilities(ctx, pairs + sonames))
     mounted = core.verify(ctx, before)
     core.ensure_soname(ctx, mounted)
     core.mark_done(ctx)

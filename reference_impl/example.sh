@@ -1,5 +1,5 @@
 #!/bin/sh
-# example.sh: the fixed procedure of SPEC section 4 (REF-1..REF-10) in POSIX sh, as a template for
+# example.sh: the fixed procedure of SPEC section 4 (REF-1..REF-12) in POSIX sh, as a template for
 # runtime vendors. Contract (CONTRACT.md): run once per worker start, inside the worker's mount
 # namespace, cwd = the jail, with GPUJAIL_JAIL, GPUJAIL_NODE, GPUJAIL_ROLE and
 # NVIDIA_DRIVER_CAPABILITIES set. Exit 0 = this worker's GPU files are ready; non-zero = restart me.
@@ -34,8 +34,7 @@ die() { # die CODE MESSAGE: one line on stderr, exit codes as reference_impl/cor
 }
 
 case "${GPUJAIL_ROLE:-gpu-worker}" in
-    gpu-worker) ;;
-    cpu-worker|login) die 2 "role ${GPUJAIL_ROLE}: dummy-library mounts are not part of this template" ;;
+    gpu-worker|cpu-worker|login) ;;
     *) die 2 "GPUJAIL_ROLE: unknown role '${GPUJAIL_ROLE}' (expected gpu-worker, cpu-worker or login)" ;;
 esac
 
@@ -60,6 +59,35 @@ enter_dir() {
     IFS=$old_ifs
 }
 
+# REF-9: CPU workers and login nodes. Once the GPU flag exists, bind a loadable dummy library over
+# each placeholder (a regular file, not a symlink, named lib*.so.*, under 64 bytes) in the jail's
+# library directories, in this namespace only, so programs linked against NVIDIA libraries start.
+# The dummy is a copy of a small real library of this node, kept on node-local /run.
+dummy_mounts() {
+    [ -e "$JAIL/$FLAG" ] || exit 0                 # no GPU worker is ready yet: nothing to cover
+    dummy=/run/gpujail/libdummy.so
+    if [ ! -f "$dummy" ]; then
+        src=$(find -L /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 -maxdepth 1 -type f \
+                -name 'lib*.so.*' -size +2k -size -200k 2>/dev/null | sort | head -n 1)
+        [ -n "$src" ] || die 2 "no small real library on this node to make the dummy library from"
+        if ! { mkdir -p /run/gpujail && cp -- "$src" "$dummy.tmp" && mv -- "$dummy.tmp" "$dummy"; }; then
+            die 8 "cannot make the dummy library $dummy"
+        fi
+    fi
+    for d in usr/lib/x86_64-linux-gnu usr/lib/i386-linux-gnu usr/lib64 usr/lib; do
+        [ -d "$JAIL/$d" ] && [ ! -L "$JAIL/$d" ] || continue
+        ( enter_dir "$d" || exit 0
+          for f in lib*.so.*; do
+              [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %s -- "$f")" -lt 64 ] || continue
+              if ! { mount --bind -- "$dummy" "$(pwd -P)/$f" && mount -o remount,bind,ro,nodev,nosuid -- "$(pwd -P)/$f"; }; then
+                  [ -e "$f" ] || continue              # removed meanwhile: fine
+                  die 8 "cannot mount the dummy library over $JAIL/$d/$f"
+              fi
+          done )
+    done
+    exit 0
+}
+
 # target HOSTPATH: the jail-relative path the CLI mounts HOSTPATH at (SPEC CLI-3, REF-2).
 target() {
     base=${1##*/}
@@ -70,6 +98,8 @@ target() {
         *) echo "${1#/}" ;;
     esac
 }
+
+case "${GPUJAIL_ROLE:-gpu-worker}" in cpu-worker|login) dummy_mounts ;; esac
 
 # REF-1: the file set.
 if ! list=$("$CLI" list 2>/dev/null); then    # on failure, run it again for its error line
@@ -84,26 +114,45 @@ outside=$(printf '%s\n' "$list" | while IFS= read -r host; do
 done | xargs -d '\n' realpath -m -- | grep -v -e "^$JAIL/" -e "^$JAIL\$" | head -n 1) || true
 [ -z "$outside" ] || die 7 "a target resolves to $outside, outside the jail $JAIL: refusing (the CLI would follow it)"
 
+# REF-3: a target needs a marker when it is missing or an old 0-byte placeholder (a regular file
+# of size 0: a jail brought up before the fix, or by another tool).
+needs_marker() { [ ! -e "$1" ] || { [ -f "$1" ] && [ ! -s "$1" ]; }; }
+
 # REF-3: which targets are missing (node-local /dev and /run entries exist, so they are skipped).
+# Prints "HOST<TAB>REL" pairs.
 missing() {
-    printf '%s\n' "$list" | while IFS= read -r host; do
+    printf '%s\n' "$pairs" | while IFS='	' read -r host rel; do
         [ -n "$host" ] || continue
-        case "$host" in /*) ;; *) die 2 "\`$CLI list\`: not an absolute path: $host" ;; esac
-        rel=$(target "$host")
-        [ -e "$JAIL/$rel" ] || printf '%s\n' "$host"
+        if needs_marker "$JAIL/$rel" || { is_soname "$rel" && [ -L "$JAIL/$rel" ]; }; then
+            printf '%s\t%s\n' "$host" "$rel"
+        fi
     done
 }
 
 # REF-5: markers for what is still missing, under the lock.
 create_markers() {
-    printf '%s\n' "$1" | while IFS= read -r host; do
+    printf '%s\n' "$1" | while IFS='	' read -r host rel; do
         [ -n "$host" ] || continue
-        rel=$(target "$host")
-        [ -e "$JAIL/$rel" ] && continue            # an earlier lock holder created it
-        mode=$(stat -L -c %a -- "$host" 2>/dev/null) || die 2 "listed host file $host does not exist"
         dir=${rel%/*}
-        enter_dir "$dir" create || die 7 "cannot enter $JAIL/$dir"
         f=./${rel##*/}
+        if is_soname "$rel" && [ -L "$JAIL/$rel" ]; then
+            # REF-12: ldconfig's soname link becomes a marker. A symlink carries no mount (every
+            # implementation of REF-12 replaces it under this lock before mounting over it).
+            enter_dir "$dir" || die 7 "cannot enter $JAIL/$dir"
+            rm -f -- "$f" || die 8 "cannot remove the soname link $JAIL/$rel"
+        fi
+        needs_marker "$JAIL/$rel" || continue      # an earlier lock holder created or filled it
+        mode=$(stat -L -c %a -- "$host" 2>/dev/null) || die 2 "listed host file $host does not exist"
+        enter_dir "$dir" create || die 7 "cannot enter $JAIL/$dir"
+        if [ -f "$f" ] && [ ! -L "$f" ]; then
+            # REF-3: an old 0-byte placeholder: write the marker into it in place (dd: no O_CREAT,
+            # no O_TRUNC, not through a symlink), never unlink or rename it: other nodes may have
+            # live mounts on this inode.
+            printf 'nvidia-placeholder-marker\n' | dd of="$f" conv=notrunc,nocreat oflag=nofollow status=none 2>/dev/null &&
+                [ -s "$f" ] || die 8 "cannot write the marker into the 0-byte placeholder $JAIL/$rel"
+            chmod "$mode" -- "$f" || die 8 "cannot chmod marker $JAIL/$rel"
+            continue
+        fi
         if ! ( set -C; printf 'nvidia-placeholder-marker\n' > "$f" ) 2>/dev/null ||
                 [ "$(stat -c %s -- "$f")" -ne 26 ]; then
             # Never leave a truncated marker: an empty file is what a failing CLI deletes from
@@ -114,6 +163,36 @@ create_markers() {
         chmod "$mode" -- "$f" || die 8 "cannot chmod marker $JAIL/$rel"
     done
 }
+
+# REF-12: per-node sonames. The jail's soname links and ld.so.cache are shared by every node, so a
+# link can name one driver version only and whoever runs ldconfig last picks it. Instead each
+# soname (libnvidia-ml.so.1, libcuda.so.1, ...) is a placeholder too, and every node bind-mounts
+# its own library over it in its own namespace; ldconfig never turns a regular file into a link.
+# The sonames come from ldconfig itself: `ldconfig -n` on a node-local scratch directory of
+# symlinks to the host libraries makes one soname link per library there.
+SODIR=$(mktemp -d /run/gpujail-sonames.XXXXXX) || die 8 "cannot make a scratch directory in /run"
+trap 'rm -rf -- "$SODIR"' EXIT
+printf '%s\n' "$list" | while IFS= read -r host; do
+    case "$host" in
+        */lib*.so.*) rel=$(target "$host"); mkdir -p -- "$SODIR/${rel%/*}"; ln -s -- "$host" "$SODIR/$rel" ;;
+    esac
+done
+sonames=$(cd "$SODIR" && find . -type d | while IFS= read -r d; do
+    ldconfig -n "$SODIR/$d" 2>/dev/null || true
+    for l in "$SODIR/$d"/*; do
+        [ -L "$l" ] || continue
+        file=$(readlink -- "$l")
+        case "$file" in /*) continue ;; esac      # a library itself, not a soname link
+        printf '%s\t%s\n' "$(readlink -- "$SODIR/$d/$file")" "${d#./}/${l##*/}"
+    done
+done)
+is_soname() { printf '%s\n' "$sonames" | cut -f2 | grep -qxF -- "$1"; }
+pairs=$(printf '%s\n' "$list" | while IFS= read -r host; do
+    [ -n "$host" ] || continue
+    case "$host" in /*) ;; *) die 2 "\`$CLI list\`: not an absolute path: $host" ;; esac
+    printf '%s\t%s\n' "$host" "$(target "$host")"
+done)
+pairs=$(printf '%s\n%s\n' "$pairs" "$sonames")
 
 todo=$(missing)
 if [ -n "$todo" ]; then                            # REF-4: warm path takes no lock
@@ -159,6 +238,23 @@ printf '%s\n' "$new" | while IFS= read -r point; do
         [ "$size" -gt 1024 ] || die 5 "$point: $size bytes through the jail, expected the driver file (> 1024 bytes): a placeholder, not a mount"
     fi
 done
+
+# REF-12: this node's own library over each soname placeholder whose library the CLI mounted,
+# read-only like the CLI's mounts, then real content by path (REF-7).
+printf '%s\n' "$sonames" | while IFS='	' read -r host rel; do
+    [ -n "$host" ] || continue
+    dir=${rel%/*}
+    printf '%s\n' "$new" | grep -qxF -- "$JAIL/$dir/${host##*/}" || continue   # capability not asked for
+    enter_dir "$dir" || die 7 "cannot enter $JAIL/$dir"
+    f=${rel##*/}
+    [ -f "$f" ] && [ ! -L "$f" ] || die 5 "$JAIL/$rel: the soname placeholder is not a regular file"
+    if ! { mount --bind -- "$host" "$(pwd -P)/$f" && mount -o remount,bind,ro,nodev,nosuid -- "$(pwd -P)/$f"; }; then
+        die 5 "cannot mount $host over the soname $JAIL/$rel"
+    fi
+    size=$(stat -L -c %s -- "$f")
+    [ "$size" -gt 1024 ] || die 5 "$JAIL/$rel: soname shows $size bytes after mounting $host over it"
+done
+cd -P -- "$JAIL"
 
 # REF-8: libnvidia-ml.so.1 must resolve to real content when NVML was mounted.
 soname_ok() { [ -f "$JAIL/$LIBDIR/libnvidia-ml.so.1" ] && [ "$(stat -L -c %s -- "$JAIL/$LIBDIR/libnvidia-ml.so.1")" -gt 1024 ]; }

@@ -58,6 +58,12 @@ def _big_markers(core):
     core.MARKER = b"nvidia placeholder: nvidia-container-cli bind-mounts the driver file here\n"
 
 
+def _zero_byte_counts_present(core):
+    """REF-3 before its amendment: an old 0-byte placeholder counts as present, so an upgraded
+    jail keeps the placeholders a failing CLI's cleanup unlinks."""
+    core.is_old_placeholder = lambda st: False
+
+
 def _host_mode_not_copied(core):
     # Only create_markers uses stat.S_IMODE: every marker gets 0644 whatever the host file's mode.
     fixed = {**{k: getattr(core.stat, k) for k in dir(core.stat) if k.startswith("S_")}, "S_IMODE": lambda mode: 0o644}
@@ -155,6 +161,43 @@ def _cleanup_on_failure(core):
     _wrap(core, "run_configure", cleaning)
 
 
+def _compat_mount(core):
+    """REF-6: configure run without --cuda-compat-mode=disabled (the CLI's default, `mount`): with
+    a CUDA image in the jail the CLI also mounts its compat libraries over 0-byte placeholders."""
+    def default_compat_mode(run_configure):
+        def run(ctx):
+            real = ctx.sys.run
+            drop = lambda argv, **kw: real([a for a in argv if a != "--cuda-compat-mode=disabled"], **kw)
+            with mock.patch.object(ctx.sys, "run", drop):
+                return run_configure(ctx)
+        return run
+    _wrap(core, "run_configure", default_compat_mode)
+
+
+def _soname_links(core):
+    """REF-12 dropped: sonames are the jail's shared ldconfig links (REF-8 only), so on a fleet with
+    two driver versions the last node to run ldconfig points every node's soname at its version."""
+    core.soname_pairs = lambda ctx, pairs: []
+
+
+def _ldconfig_winner_only(core):
+    """The operator's procedure before PR #2682: sonames are the shared ldconfig links (no REF-12),
+    and a worker that finds the ldconfig lock busy skips its soname, trusting the winner, which may
+    be a node that sees none of the mounts (REF-8's re-check dropped)."""
+    _soname_links(core)
+
+    def winner_only(ensure_soname):
+        def ensure(ctx, mounted):
+            try:
+                with core.JailLock(dataclasses.replace(ctx, lock_timeout=0.001), core.LDCONFIG_LOCK):
+                    pass
+            except core.Fatal:
+                return   # "someone else is running ldconfig"
+            return ensure_soname(ctx, mounted)
+        return ensure
+    _wrap(core, "ensure_soname", winner_only)
+
+
 def _verify_existence(core):
     _wrap(core, "verify", lambda verify: lambda ctx, before: verify(ctx, before, min_size=-1))
 
@@ -230,6 +273,8 @@ def _legacy(core):
 MUTANTS = {
     "zero-byte-placeholders": ("placeholders created empty, as the CLI does: its cleanup eats them", _zero_byte_markers),
     "big-markers": ("a chatty marker of 64 bytes or more: no longer a placeholder by REF-9's size bound", _big_markers),
+    "zero-byte-counts-present": ("an old 0-byte placeholder (upgraded jail) counts as present: never made a marker",
+                                 _zero_byte_counts_present),
     "host-mode-not-copied": ("markers created 0644 instead of the host file's mode: the CLI then re-creates them",
                              _host_mode_not_copied),
     "recreate-markers": ("existing placeholders re-created (unlink + write) on every start", _recreate_markers),
@@ -242,6 +287,12 @@ MUTANTS = {
     "retry-in-process": ("a failing configure retried in-process (3 tries) instead of failing the start",
                          _retry_in_process),
     "cleanup-on-failure": ("placeholders removed after a failed configure", _cleanup_on_failure),
+    "compat-mount": ("configure run with the default --cuda-compat-mode=mount: a CUDA image's compat libraries "
+                     "get 0-byte placeholders", _compat_mount),
+    "soname-links": ("sonames left to the jail's shared ldconfig links: a node on another driver version flips them",
+                     _soname_links),
+    "ldconfig-winner-only": ("shared soname links, and a busy ldconfig lock taken as 'the winner does it': "
+                             "a blind winner leaves no soname", _ldconfig_winner_only),
     "verify-existence": ("mounts verified by existence instead of size: a marker passes", _verify_existence),
     "exit-code-only": ("configure's exit code 0 taken as proof: its mounts never looked at", _exit_code_only),
     "no-verify": ("fire and forget: configure's exit code ignored and nothing verified", _no_verify),

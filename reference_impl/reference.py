@@ -4,7 +4,8 @@ How this works
 --------------
 GPU worker: file set from `list` (REF-1) -> targets in the jail (REF-2) -> markers for the missing
 ones under the cross-node lock (REF-3..5; none and no lock when warm) -> `configure` once (REF-6)
--> verify the CLI's mounts by size (REF-7) -> NVML soname (REF-8) -> done flag (REF-10).
+-> verify the CLI's mounts by size (REF-7) -> this node's own library over each soname placeholder
+(REF-12) -> NVML soname (REF-8) -> done flag (REF-10).
 CPU worker / login node: dummy library over each placeholder once the flag exists (REF-9).
 The building blocks are in core.py; every jail path goes through openat2 beneath the jail (REF-11).
 """
@@ -15,10 +16,12 @@ from gpujail.reference_impl import core
 
 def gpu_worker(ctx: core.Ctx) -> None:
     pairs = core.plan(ctx, core.file_set(ctx))
-    core.ensure_placeholders(ctx, pairs)
+    ctx, sonames = core.with_sonames(ctx, pairs)
+    core.ensure_placeholders(ctx, pairs + sonames)
     before = core.jail_mounts(ctx)
     core.run_configure(ctx)
     mounted = core.verify(ctx, before)
+    core.mount_sonames(ctx, sonames, mounted)
     core.ensure_soname(ctx, mounted)
     core.mark_done(ctx)
 

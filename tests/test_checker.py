@@ -663,3 +663,43 @@ def test_compose_is_a_checker_of_checkers():
     verdict = judge(checker.Run(good_run().events, good_final()))
     assert statuses(verdict) == {"INV-1": "PASS", "INV-4": "PASS"} and verdict.valid is True
     assert checker.compose({})(checker.Run([], None)).valid == UNKNOWN
+
+
+# -- fault windows (chaos/checkers/windows.py) -------------------------------------------------------
+
+def _window_history(failing_exit_at: float, versions: dict | None = None) -> list[dict]:
+    e = lambda t, kind, node="host", **f: {"t": t, "kind": kind, "node": node, **f}  # noqa: E731
+    return [e(0.0, "chaos.begin", scenario="s", impl="x", seed=0, schedule={}, versions=versions or {}),
+            e(0.1, "worker.start", "w0", impl="x", attempt=1), e(0.1, "worker.start", "w1", impl="x", attempt=1),
+            e(0.3, "worker.exit", "w0", code=0, error=None), e(0.3, "worker.ready", "w0", attempt=1),
+            e(0.4, "probe", "w0", results=[]),
+            e(failing_exit_at, "worker.exit", "w1", code=4, error="configure failed"),
+            e(0.9, "chaos.end")]
+
+
+def test_window_failure_while_ready_opens_only_when_a_neighbour_was_ready():
+    from gpujail.chaos.checkers.queries import Run
+    from gpujail.chaos.checkers.windows import opened
+    assert opened("failure-while-ready", Run(_window_history(0.5), None))[0] is True
+    ok, why = opened("failure-while-ready", Run(_window_history(0.2), None))
+    assert ok is False and "no start failed while another worker was ready" in why
+    assert opened("overlap", Run(_window_history(0.5), None))[0] is True
+
+
+def test_window_other_version_needs_two_versions_ready_at_once():
+    from gpujail.chaos.checkers.queries import Run
+    from gpujail.chaos.checkers.windows import opened
+    events = _window_history(0.5, {"w0": "550.54.15", "w1": "570.86.15"})
+    events += [{"t": 0.6, "kind": "worker.ready", "node": "w1", "attempt": 2}]
+    assert opened("other-version-ready", Run(events, None))[0] is True
+    same = _window_history(0.5, {"w0": "550.54.15", "w1": "550.54.15"})
+    same += [{"t": 0.6, "kind": "worker.ready", "node": "w1", "attempt": 2}]
+    assert opened("other-version-ready", Run(same, None))[0] is False
+
+
+def test_unknown_window_is_a_scenario_error(tmp_path):
+    from gpujail.chaos import scenario
+    p = tmp_path / "s.toml"
+    p.write_text('name = "s"\nwindows = ["nosuch"]\n')
+    with pytest.raises(scenario.ScenarioError, match="unknown window"):
+        scenario.load(p)

@@ -172,3 +172,16 @@ def test_the_two_versions_differ_byte_wise(cache):
         assert (old / tree_path(f)).read_bytes() != (new / tree_path(g)).read_bytes(), f.path
         pairs += 1
     assert pairs == len([f for f in catalogue(VERSIONS[0]) if f.on_disk])
+
+
+def test_libraries_say_which_driver_they_are():
+    """REF-12: each library exports its driver version, so a probe that loaded it by soname can
+    tell a node's own driver from another node's."""
+    import ctypes
+
+    from gpujail.fixtures import drivers
+    for version in drivers.VERSIONS:
+        tree = drivers.materialise(version)
+        lib = ctypes.CDLL(str(tree / f"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}"))
+        value = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(lib, drivers.VERSION_SYMBOL))).decode()
+        assert value == version

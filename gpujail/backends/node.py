@@ -252,8 +252,12 @@ def probe_one(jail_path: str, host_path: str | None, load: bool, mountpoints: se
         res["size"] = None
     if load:
         try:
-            ctypes.CDLL(jail_path)
+            lib = ctypes.CDLL(jail_path)
             res["loader"] = "ok"
+            try:   # which driver it is (REF-12): the fixtures' libraries export their version
+                res["driver"] = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(lib, "gpujail_driver_version"))).decode()
+            except ValueError:
+                pass
         except OSError as e:
             res["loader"] = str(e)
     return res

@@ -31,6 +31,16 @@ def gpu_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = 
     return out
 
 
+def soname_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility") -> list[dict]:
+    """REF-12: probe requests for the soname of every 64-bit driver library configure mounts for
+    `capabilities` (`libnvidia-ml.so.1`, `libcuda.so.1`, ...), each compared with *this node's own*
+    host library and loaded (the probe then names the driver it got: `driver`)."""
+    caps = nvc_info.capabilities(capabilities)
+    return [{"path": f"{jail}/usr/lib/x86_64-linux-gnu/{f.soname}", "host": f.path, "load": True, "soname": True}
+            for f in drivers.catalogue(version)
+            if f.kind == "library" and nvc_info.selected(f.path, caps) and f.soname != os.path.basename(f.path)]
+
+
 def problems(results: list[dict]) -> list[str]:
     """One line per file a GPU job could not use, saying what it saw."""
     out = []
@@ -40,7 +50,8 @@ def problems(results: list[dict]) -> list[str]:
         elif r.get("size") is None:
             what = f"missing ({r.get('error')})"
         elif r.get("same_bytes") is False:
-            what = f"{r['size']} bytes that are not the host file's"
+            what = f"{r['size']} bytes that are not the host file's" + (
+                f" (driver {r['driver']}: another node's version)" if r.get("driver") else "")
         elif r.get("loader", "ok") != "ok":
             what = "loader failed"
         else:

@@ -91,8 +91,12 @@ _kind("worker.exit", "gpujail/contract.py", "code:int|str error:str|null",
       "the attempt failed: the implementation's exit code (or \"killed\") and its last stderr line")
 
 # -- the chaos runner (node = "host") ------------------------------------------------------------
-_kind("chaos.begin", "chaos/runner.py", "scenario:str impl:str seed:int schedule:dict",
-      "a chaos run starts: the scenario, the implementation, the seed and each worker's failpoints")
+_kind("chaos.begin", "chaos/runner.py", "scenario:str impl:str seed:int schedule:dict versions:dict? windows:list?",
+      "a chaos run starts: the scenario, the implementation, the seed, each worker's failpoints, "
+      "driver version and the fault windows the scenario must open")
+_kind("chaos.ldconfig", "chaos/runner.py", "view:str code:int|str",
+      "the ldconfig nemesis ran `ldconfig -r` on the jail from a node that sees none of the mounts "
+      "(view blind) or its own driver's (view gpu)")
 _kind("chaos.fault", "chaos/runner.py", "worker:str failpoint:str term:str",
       "one failpoint armed for a worker's first start (the nemesis's plan, not yet its effect)")
 _kind("chaos.kill", "chaos/runner.py", "worker:str barrier:str",
@@ -115,7 +119,7 @@ _kind("impl.outside", "gpujail/backends/node.py", "changes:list",
       changes="path:str change:str mode:int")
 _kind("probe", "gpujail/backends/node.py", "results:list",
       "what a GPU job on the node sees at each driver file: attached, size, same bytes, loader",
-      results="path:str attached:bool size:int|null same_bytes:bool? error:str? loader:str?")
+      results="path:str attached:bool size:int|null same_bytes:bool? error:str? loader:str? driver:str?")
 
 # -- failpoints (gpujail/world/failpoints.py), in any process that evaluates one --------------------
 _kind("failpoint", "gpujail/world/failpoints.py",
@@ -151,8 +155,9 @@ _kind("impl.lock.acquired", "reference_impl/core.py reference_impl/mutants.py", 
       "it holds the lock, after `waited` seconds")
 _kind("impl.lock.timeout", "reference_impl/core.py", "lock:str timeout:num", "it gave up waiting after `timeout` seconds")
 _kind("impl.lock.released", "reference_impl/core.py", "lock:str", "it released the lock")
-_kind("impl.marker", "reference_impl/core.py", "path:str mode:str",
-      "it created a marker placeholder (non-empty, < 64 bytes, REF-5) with the host file's mode")
+_kind("impl.marker", "reference_impl/core.py", "path:str mode:str in_place:bool?",
+      "it created a marker placeholder (non-empty, < 64 bytes, REF-5) with the host file's mode "
+      "(in_place: written into an old 0-byte placeholder, REF-3)")
 _kind("impl.mount", "reference_impl/core.py", "src:str dst:str", "`direct` bind-mounted a host file itself")
 _kind("impl.verified", "reference_impl/core.py", "mounts:int", "the CLI's mounts are verified (REF-7)")
 _kind("impl.ldconfig", "reference_impl/core.py", "code:int", "it ran `ldconfig -r` on the jail (REF-8)")

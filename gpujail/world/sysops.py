@@ -99,6 +99,11 @@ class RealSys:
     def readlink(self, path: str) -> str:
         return os.readlink(path)
 
+    def read_head(self, path: str, limit: int = 65536) -> bytes:
+        """The first `limit` bytes of a file (an ELF header and dynamic section: REF-12's sonames)."""
+        with open(path, "rb") as f:
+            return f.read(limit)
+
     def realpath(self, path: str) -> str:
         """Resolve every symlink the way the host kernel would (not confined to any root)."""
         return os.path.realpath(path)
@@ -241,6 +246,23 @@ class RealSys:
                 os.close(fd)
         finally:
             os.close(pfd)
+
+    def fill_empty_beneath(self, root: str, rel: str, data: bytes, mode: int) -> bool:
+        """Write `data` into the existing 0-byte regular file root/rel *in place* (SPEC REF-3): no
+        O_CREAT, no O_TRUNC, never unlinked or renamed, so the inode others may have live mounts on
+        stays the same. Then set the exact mode. False (nothing written) if it is no longer an empty
+        regular file (an earlier lock holder filled it)."""
+        fd = self._openat2(root, rel, os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            st = os.fstat(fd)
+            if not statmod.S_ISREG(st.st_mode) or st.st_size != 0:
+                return False
+            if os.pwrite(fd, data, 0) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(root, rel))
+            os.fchmod(fd, mode & 0o7777)
+            return True
+        finally:
+            os.close(fd)
 
     def open_lock_beneath(self, root: str, rel: str) -> int:
         """An fd for flock on a lock file beneath root, created if missing."""

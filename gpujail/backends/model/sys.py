@@ -100,6 +100,10 @@ class ModelSys:
         return node.target
 
     @_op()
+    def read_head(self, path, limit=65536):
+        return self._existing(path).node.data[:limit]
+
+    @_op()
     def realpath(self, path):
         """Host semantics, like os.path.realpath: links followed, missing components kept."""
         parts = [p for p in path.split("/") if p]
@@ -222,6 +226,19 @@ class ModelSys:
     @_op("write")
     def write_new_beneath(self, root, rel, data, mode):
         self._add(self._new_entry(rel, root), Inode(S_IFREG | (mode & 0o7777), bytes(data)))
+
+    @_op("write")
+    def fill_empty_beneath(self, root, rel, data, mode):
+        """REF-3: write into an existing 0-byte regular file in place (same inode, no create)."""
+        w = self._existing(rel, follow=False, root=root)
+        if w.node.target is not None:
+            raise err(errno.ELOOP, w.path)
+        if w.node.children is not None or w.node.data:
+            return False
+        if w.node_ro:
+            raise err(errno.EROFS, w.path)
+        w.node.data, w.node.mode = bytes(data), S_IFREG | (mode & 0o7777)
+        return True
 
     @_op("write")
     def open_lock_beneath(self, root, rel):

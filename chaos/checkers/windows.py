@@ -1,0 +1,124 @@
+"""Fault windows: did a run exercise what its scenario exists for? (the "sometimes" assertions of
+deterministic-simulation tools)
+
+How this works
+--------------
+A scenario declares, as data, the windows it exists to open (`windows = ["failure-while-ready"]`
+in its TOML). Each window is a pure predicate of the history, like a checker: `opened(name, run)`
+returns (opened?, one line saying where or why not). A run whose invariants all hold but in which a
+declared window never opened proved nothing about that fault: it is INCONCLUSIVE, never PASS
+(chaos/runner.py `ChaosRun.judge`). A violation stays a violation whether or not the window opened.
+
+The windows (WINDOWS: name -> (description, predicate)):
+
+* `overlap`: two workers' starts ran at the same time (a cold race is possible at all);
+* `failure-while-ready`: a start failed (exit code non-zero, a killed CLI included) while another
+  worker was ready: the failing neighbour whose cleanup could hurt it;
+* `kill-while-ready`: the harness killed a node while another worker was ready;
+* `kill`: the harness killed a node at all (e.g. the lock holder, before anyone is ready);
+* `restart`: some worker was restarted;
+* `other-version-ready`: a worker on one driver version became ready while a worker on another was
+  ready (REF-12: the moment a shared soname link would flip);
+* `ldconfig-while-ready`: an ldconfig ran on the jail (the scenario's ldconfig nemesis) while a worker
+  was ready, and that worker was probed after it (PR #2621, PR #2682).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .content import ready_spans
+from .queries import Run, node_of
+
+
+def _starts(run: Run) -> list[tuple[str, float, float]]:
+    """(worker, start time, end time) of every start attempt (worker.start to its worker.exit)."""
+    out = []
+    for s in run.of("worker.start") + run.of("worker.restart"):
+        node = node_of(s)
+        ends = [e["t"] for e in run.node_events(node) if e.get("kind") == "worker.exit" and e["t"] >= s["t"]]
+        out.append((node, s["t"], min(ends, default=float("inf"))))
+    return out
+
+
+def _ready_at(run: Run, t: float, other_than: str | None = None) -> list[str]:
+    return [n for n, ready, end in ready_spans(run) if ready["t"] <= t < end and n != other_than]
+
+
+def overlap(run: Run) -> tuple[bool, str]:
+    starts = sorted(_starts(run), key=lambda s: s[1])
+    for i, (a, t0, t1) in enumerate(starts):
+        for b, u0, _ in starts[i + 1:]:
+            if u0 >= t1:
+                break
+            if b != a:
+                return True, f"{a} and {b} started at once (t={u0 - run.t0:.3f}s)"
+    return False, "no two starts ran at the same time"
+
+
+def failure_while_ready(run: Run) -> tuple[bool, str]:
+    for e in run.of("worker.exit"):
+        if e.get("code") in (0, "0"):
+            continue
+        others = _ready_at(run, e["t"], node_of(e))
+        if others:
+            return True, f"{node_of(e)}'s start failed at {run.at(e)} while {others[0]} was ready"
+    return False, "no start failed while another worker was ready"
+
+
+def kill_while_ready(run: Run) -> tuple[bool, str]:
+    for e in run.of("chaos.kill"):
+        others = _ready_at(run, e["t"], e.get("worker"))
+        if others:
+            return True, f"{e.get('worker')} killed at {run.at(e)} while {others[0]} was ready"
+    return False, "no node was killed while another worker was ready"
+
+
+def kill(run: Run) -> tuple[bool, str]:
+    kills = run.of("chaos.kill")
+    return (True, f"{kills[0].get('worker')} killed at {run.at(kills[0])}") if kills else (False, "nobody was killed")
+
+
+def restart(run: Run) -> tuple[bool, str]:
+    r = run.of("worker.restart")
+    return (True, f"{node_of(r[0])} restarted at {run.at(r[0])}") if r else (False, "no worker restarted")
+
+
+def other_version_ready(run: Run) -> tuple[bool, str]:
+    begin = run.of("chaos.begin")
+    versions = (begin[0].get("versions") or {}) if begin else {}
+    for node, ready, _ in ready_spans(run):
+        for other in _ready_at(run, ready["t"], node):
+            if versions.get(node) and versions.get(other) and versions[node] != versions[other]:
+                return True, (f"{node} (driver {versions[node]}) became ready at {run.at(ready)} while {other} "
+                              f"(driver {versions[other]}) was ready")
+    return False, "no worker became ready while one on another driver version was ready"
+
+
+def ldconfig_while_ready(run: Run) -> tuple[bool, str]:
+    spans = ready_spans(run)
+    for e in run.of("chaos.ldconfig"):
+        for node, ready, end in spans:
+            if ready["t"] <= e["t"] < end and any(p.get("kind") == "probe" and e["t"] < p["t"] < end
+                                                  for p in run.node_events(node)):
+                return True, f"ldconfig ({e.get('view')}) at {run.at(e)} while {node} was ready and probed after it"
+    return False, "no ldconfig ran while a probed worker was ready"
+
+
+WINDOWS: dict[str, tuple[str, Callable[[Run], tuple[bool, str]]]] = {
+    "overlap": ("two starts ran at the same time", overlap),
+    "failure-while-ready": ("a start failed while another worker was ready", failure_while_ready),
+    "kill-while-ready": ("a node was killed while another worker was ready", kill_while_ready),
+    "kill": ("a node was killed", kill),
+    "restart": ("a worker was restarted", restart),
+    "other-version-ready": ("a worker became ready while one on another driver version was ready",
+                            other_version_ready),
+    "ldconfig-while-ready": ("an ldconfig ran on the jail while a probed worker was ready", ldconfig_while_ready),
+}
+
+
+def opened(name: str, run: Run) -> tuple[bool, str]:
+    """(opened?, where or why not) for window `name`; a predicate that raises says so, not opened."""
+    try:
+        return WINDOWS[name][1](run)
+    except Exception as e:   # noqa: BLE001 (like check_safe: a broken window is not a pass)
+        return False, f"window {name} raised {type(e).__name__}: {e}"
