@@ -32,7 +32,6 @@ from pathlib import Path
 from gpujail.chaos import checker, timeline
 from gpujail.chaos.checkers import windows as fault_windows
 from gpujail.chaos.scenario import Scenario
-from gpujail.fixtures import elf
 from gpujail.fixtures import jail as jail_image
 from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
@@ -118,17 +117,6 @@ def dress_as_reused(jail: Path) -> None:
     (jail / core.FLAG).touch()
 
 
-def plant_cuda_image(jail: Path) -> None:
-    """A CUDA image's forward-compatibility libraries in the jail (CLI-3): configure --compute with
-    the default --cuda-compat-mode=mount mounts them over 0-byte placeholders `list` never names."""
-    compat = jail / "usr/local/cuda/compat"
-    compat.mkdir(parents=True, exist_ok=True)
-    for name, soname in (("libcuda.so.550.54.15", "libcuda.so.1"),
-                         ("libnvidia-ptxjitcompiler.so.550.54.15", "libnvidia-ptxjitcompiler.so.1")):
-        (compat / name).write_bytes(elf.shared_object(soname, size=4096, tag=b"CUDA forward compatibility"))
-        os.symlink(name, compat / soname)
-
-
 def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, threads: dict, log, nodes: list) -> None:
     """Run `ldconfig -r JAIL` again and again while the workers run: from a node that sees none of
     the mounts (view blind: the lock winner of PR #2682) or from a GPU node of its own (view gpu:
@@ -207,7 +195,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             if not old.ready:
                 raise RuntimeError(f"bringing the jail up with legacy failed: {old.attempts[-1].error_line}")
         if scenario.cuda_image:
-            plant_cuda_image(jail)
+            jail_image.plant_cuda_image(jail)
         outside = run_dir / "outside"   # a directory outside the jail that hostile links point at
         outside.mkdir(exist_ok=True)
         for link, target in scenario.hostile_links.items():

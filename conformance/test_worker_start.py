@@ -15,7 +15,7 @@ import time
 
 import pytest
 from gpujail.conformance.helpers import MARKER_MAX, lost, new_entries, one_line_error, only_whole_markers, start_all, stub_cli
-from gpujail.fixtures import drivers, elf
+from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 
 from gpujail.backends import kernel
@@ -46,12 +46,7 @@ def test_cuda_image_compat_libraries_get_no_empty_placeholder(world):
     marker covers them and any failing CLI's cleanup unlinks them from under the ready workers.
     After a start the jail may have gained only complete markers, never a 0-byte file (REF-6:
     `--cuda-compat-mode=disabled`, or markers that cover the compat libraries)."""
-    compat = world.jail / "usr/local/cuda/compat"
-    compat.mkdir(parents=True)
-    for name, soname in (("libcuda.so.550.54.15", "libcuda.so.1"),
-                         ("libnvidia-ptxjitcompiler.so.550.54.15", "libnvidia-ptxjitcompiler.so.1")):
-        (compat / name).write_bytes(elf.shared_object(soname, size=4096, tag=b"CUDA forward compatibility"))
-        os.symlink(name, compat / soname)
+    jail_image.plant_cuda_image(world.jail)
     before = jail_image.snapshot(world.jail)
     w = world.start("w", capabilities="compute,utility")
     assert w.ready, w.attempts[-1].stderr
