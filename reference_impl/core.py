@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from gpujail.spec import FLAG, IMPL_EXIT, LDCONFIG_LOCK, LOCK, PLACEHOLDER_MAX, PLACEHOLDER_NAME, REAL_CONTENT_MIN
 from gpujail.world import failpoints, history
-from gpujail.world.sysops import MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, LockTimeout
+from gpujail.world.sysops import MS_NODEV, MS_NOSUID, MS_RDONLY, LockTimeout
 
 MARKER = b"nvidia-placeholder-marker\n"   # 26 bytes: non-empty, far below any real library (REF-5)
 LIB64, LIB32 = "usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu"
@@ -514,35 +514,3 @@ def dummy_mounts(ctx: Ctx, dummy: str, predicate=is_placeholder) -> list[str]:
                 raise Fatal("jail-write-failed", f"cannot mount dummy over {ctx.jail}/{rel}: {e.strerror}") from None
     history.record("impl.dummy_mounts", mounted=mounted)
     return mounted
-
-
-# -- direct (seed 003): mount without configure -----------------------------------------------
-
-REMOUNT = {"dev": MS_RDONLY | MS_NOSUID | MS_NOEXEC, "run": MS_NODEV | MS_NOSUID | MS_NOEXEC}
-
-
-def for_capabilities(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The entries configure would mount for the caller's capabilities (direct owns this logic)."""
-    from gpujail.fixtures import nvc_info
-    caps = nvc_info.capabilities({f.lstrip("-") for f in ctx.cli_flags()})
-    return [(h, t) for h, t in pairs if nvc_info.selected(h, caps)]
-
-
-def mount_directly(ctx: Ctx, pairs: list[tuple[str, str]]) -> None:
-    """Bind each host file over its target, read-only with the CLI's flags. On failure undo our own
-    mounts only and delete nothing: a marker may already carry another worker's mount."""
-    done: list[str] = []
-    try:
-        for host_path, rel in pairs:
-            failpoints.hit("ref.before_mount", path=rel)
-            flags = REMOUNT.get(rel.split("/", 1)[0], MS_RDONLY | MS_NODEV | MS_NOSUID)
-            ctx.sys.bind_mount_beneath(host_path, ctx.jail, rel, flags)
-            done.append(rel)
-            history.record("impl.mount", src=host_path, dst=rel)
-    except OSError as e:
-        for rel in reversed(done):
-            try:
-                ctx.sys.umount(os.path.join(ctx.jail, rel))
-            except OSError:
-                pass
-        raise Fatal("cli-failed", f"bind mount of {e.filename or '?'} failed: {e.strerror}") from None

@@ -4,7 +4,12 @@ CLI cleanup). Verified as REF-7; on failure it unmounts its own mounts and delet
 """
 from __future__ import annotations
 
+import os
+
 from gpujail.reference_impl import core, reference
+
+from gpujail.world import failpoints, history
+from gpujail.world.sysops import MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY
 
 
 def gpu_worker(ctx: core.Ctx) -> None:
@@ -12,10 +17,40 @@ def gpu_worker(ctx: core.Ctx) -> None:
     ctx, sonames = core.with_sonames(ctx, pairs)
     core.ensure_placeholders(ctx, pairs + sonames)   # REF-12: each soname a placeholder too
     before = core.jail_mounts(ctx)
-    core.mount_directly(ctx, core.for_capabilities(ctx, pairs + sonames))
+    mount_directly(ctx, for_capabilities(ctx, pairs + sonames))
     mounted = core.verify(ctx, before)
     core.ensure_soname(ctx, mounted)
     core.mark_done(ctx)
+
+
+REMOUNT = {"dev": MS_RDONLY | MS_NOSUID | MS_NOEXEC, "run": MS_NODEV | MS_NOSUID | MS_NOEXEC}
+
+
+def for_capabilities(ctx: core.Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The entries configure would mount for the caller's capabilities (direct owns this logic)."""
+    from gpujail.fixtures import nvc_info
+    caps = nvc_info.capabilities({f.lstrip("-") for f in ctx.cli_flags()})
+    return [(h, t) for h, t in pairs if nvc_info.selected(h, caps)]
+
+
+def mount_directly(ctx: core.Ctx, pairs: list[tuple[str, str]]) -> None:
+    """Bind each host file over its target, read-only with the CLI's flags. On failure undo our own
+    mounts only and delete nothing: a marker may already carry another worker's mount."""
+    done: list[str] = []
+    try:
+        for host_path, rel in pairs:
+            failpoints.hit("ref.before_mount", path=rel)
+            flags = REMOUNT.get(rel.split("/", 1)[0], MS_RDONLY | MS_NODEV | MS_NOSUID)
+            ctx.sys.bind_mount_beneath(host_path, ctx.jail, rel, flags)
+            done.append(rel)
+            history.record("impl.mount", src=host_path, dst=rel)
+    except OSError as e:
+        for rel in reversed(done):
+            try:
+                ctx.sys.umount(os.path.join(ctx.jail, rel))
+            except OSError:
+                pass
+        raise core.Fatal("cli-failed", f"bind mount of {e.filename or '?'} failed: {e.strerror}") from None
 
 
 cpu_worker = reference.cpu_worker

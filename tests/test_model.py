@@ -159,7 +159,7 @@ def test_direct_undo_survives_its_own_mount_detached_by_a_populate_cleanup():
     its first mount is detached under it (K-1) and the next bind finds no target. The undo must not
     trip over the mount that is already gone: one `cli-failed`, no mount left behind."""
     from gpujail.fixtures.drivers import DEFAULT_VERSION
-    from gpujail.reference_impl import core
+    from gpujail.reference_impl import core, direct
 
     from gpujail.backends.model import SMALL_DRIVER, ModelSys, build
     fs = build(DEFAULT_VERSION, SMALL_DRIVER)
@@ -180,7 +180,7 @@ def test_direct_undo_survives_its_own_mount_detached_by_a_populate_cleanup():
 
     ctx = core.Ctx(CleanedUnderIt(worker.world, worker.proc), JAIL, "n1")
     with pytest.raises(core.Fatal) as e:
-        core.mount_directly(ctx, pairs)
+        direct.mount_directly(ctx, pairs)
     assert e.value.kind == "cli-failed" and fs.detached
     assert [m for m in worker.mounts() if m.mountpoint.startswith(JAIL + "/usr")] == []
 
