@@ -32,12 +32,59 @@ def lost(worker, jail) -> list[str]:
     return problems(worker.node.probe(gpu_files(jail)))
 
 
-def one_line_error(worker) -> str:
+def one_line_error(worker, req: str = "") -> str:
     """The failing start's stderr, which must be exactly one line."""
     r = worker.attempts[-1]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"expected one error line, got:\n{r.stderr}"
+    assert len(lines) == 1, (f"{req + ': ' if req else ''}worker {worker.node_id} (exit {r.code}) must explain its failure "
+                             f"in exactly one stderr line, wrote {len(lines)}:\n{r.stderr}")
     return lines[0]
+
+
+def not_ready(req: str, worker) -> str:
+    """Why `worker` should have become ready and did not: its exit code and its last error line."""
+    if not worker.attempts:
+        return f"{req}: worker {worker.node_id} did not become ready: it was never started"
+    r = worker.attempts[-1]
+    return (f"{req}: worker {worker.node_id} did not become ready (exit {r.code} after {len(worker.attempts)} "
+            f"attempt(s)): {r.error_line or 'no error output'}")
+
+
+def became_ready(req: str, worker, because: str) -> str:
+    """A start that must fail exited 0."""
+    return f"{req}: worker {worker.node_id} became ready (exit 0) although {because}; it must fail with a non-zero exit"
+
+
+def lost_files(req: str, worker, gone: list[str], jail) -> str:
+    """What `lost` found for `worker`, with the jail's paths relative to the jail."""
+    prefix = str(jail).rstrip("/") + "/"
+    return f"{req}: worker {worker.node_id} lost " + "; ".join(g.removeprefix(prefix) for g in gone)
+
+
+def soname_broken(req: str, worker, r: dict) -> str:
+    """A probe of a soname (`load: True`) that did not give a loadable, real library."""
+    loader = (r.get("loader") or r.get("error") or "?").split(": ", 1)[-1]
+    return (f"{req}: worker {worker.node_id}: a GPU job cannot load {os.path.basename(r['path'])} by its soname: "
+            f"{r.get('size')} bytes (a real library is over 1024), loader says: {loader}")
+
+
+def changes(before: dict, after: dict, ignore=()) -> list[str]:
+    """The differences between two jail snapshots, one `path: what happened` per entry."""
+    def entry(v) -> str:
+        mode, size, link = v
+        if link is not None:
+            return f"symlink to {link}"
+        kind = "directory" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else f"type {stat.S_IFMT(mode):o}"
+        return f"{kind} {stat.S_IMODE(mode):04o}" + ("" if stat.S_ISDIR(mode) else f", {size} bytes")
+    out = []
+    for k in sorted((set(before) | set(after)) - set(ignore)):
+        if k not in before:
+            out.append(f"{k}: created ({entry(after[k])})")
+        elif k not in after:
+            out.append(f"{k}: removed (was {entry(before[k])})")
+        elif before[k] != after[k]:
+            out.append(f"{k}: {entry(before[k])} became {entry(after[k])}")
+    return out
 
 
 def stub_cli(tmp_path: Path, list_output: str | None = None, configure: str | None = None, list_exit: int = 0) -> dict:
@@ -59,16 +106,20 @@ def stub_cli(tmp_path: Path, list_output: str | None = None, configure: str | No
     return {"PATH": f"{d}:{real.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
 
-def new_entries(before: dict, jail) -> dict:
+def new_entries(before: dict, jail, req: str = "") -> dict:
+    """What the jail gained since `before`; every entry it had (lock files aside) must be unchanged."""
     after = jail_image.snapshot(jail)
     assert all(after.get(k) == v for k, v in before.items() if not k.endswith(".lock")), \
-        [k for k, v in before.items() if after.get(k) != v]
+        (f"{req + ': ' if req else ''}the start changed what the jail held before it: "
+         + "; ".join(changes({k: v for k, v in before.items() if after.get(k) != v and not k.endswith(".lock")},
+                             {k: v for k, v in after.items() if before.get(k, v) != v})))
     return {k: v for k, v in after.items() if k not in before}
 
 
-def only_whole_markers(before: dict, jail) -> None:
+def only_whole_markers(before: dict, jail, req: str = "REF-5") -> None:
     """REF-5: compared with `before`, the jail gained only directories, complete non-empty markers
     (< 64 bytes) and lock files: never a truncated or empty placeholder."""
-    for rel, (mode, size, _link) in new_entries(before, jail).items():
+    for rel, (mode, size, _link) in new_entries(before, jail, req).items():
         if stat.S_ISREG(mode) and not rel.endswith(".lock"):
-            assert 0 < size < MARKER_MAX, f"{rel}: {size} bytes"
+            assert 0 < size < MARKER_MAX, (f"{req}: {rel}: {size} bytes: the jail may gain only complete markers "
+                                           f"(1 to {MARKER_MAX - 1} bytes), never an empty or truncated placeholder")

@@ -9,7 +9,7 @@ import stat
 import threading
 
 import pytest
-from gpujail.conformance.helpers import MARKER_MAX, lost, one_line_error
+from gpujail.conformance.helpers import MARKER_MAX, became_ready, changes, lost, lost_files, not_ready, one_line_error
 from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 
@@ -27,12 +27,14 @@ def test_failing_neighbour_costs_nothing(world):
     (its CLI's cleanup, or its own mount step, fails). A must keep every driver file: markers are
     not empty, so the CLI cleanup leaves them and A's mounts stay attached."""
     a = world.start("A")
-    assert a.ready and lost(a, world.jail) == []
+    assert a.ready and (gone := lost(a, world.jail)) == [], \
+        not_ready("REF-5", a) if not a.ready else lost_files("REF-5 (before any neighbour started)", a, gone, world.jail)
     failing = "cli.before_mount=10*off->return(EIO);ref.before_mount=10*off->return(EIO)"
     b = world.start("B", env={"GPUJAIL_FAILPOINTS": failing})
-    assert not b.ready
+    assert not b.ready, became_ready("REF-5", b, "its start was made to fail (EIO) after 10 mounts")
     assert world.events("failpoint", action="return"), "the injected failure never fired"
-    assert lost(a, world.jail) == []
+    assert (gone := lost(a, world.jail)) == [], \
+        lost_files(f"REF-5/CLI-6: after worker {b.node_id}'s start failed after 10 mounts,", a, gone, world.jail)
 
 
 @pytest.mark.req("REF-3", "CLI-6", "K-1")
@@ -44,7 +46,7 @@ def test_upgraded_jail_placeholders_become_markers_in_place(world):
     worker's start fails after 10 mounts: its CLI's cleanup, which unlinks 0-byte files only, must
     cost neither the old worker nor the new one anything."""
     old = world.start("old", impl="legacy")
-    assert old.ready, old.attempts[-1].stderr
+    assert old.ready, not_ready("REF-3 (test setup: the legacy procedure)", old)
     empty = {}
     for d in (LIB, "usr/bin", "usr/lib/firmware"):
         for path in (world.jail / d).rglob("*") if (world.jail / d).is_dir() else []:
@@ -53,16 +55,19 @@ def test_upgraded_jail_placeholders_become_markers_in_place(world):
                 empty[path] = st.st_ino
     assert len(empty) >= 10, f"the old worker left only {len(empty)} 0-byte placeholders"
     a = world.start("A")
-    assert a.ready, a.attempts[-1].stderr
+    assert a.ready, not_ready("REF-3 (on an upgraded jail with 0-byte placeholders under live mounts)", a)
     for path, ino in empty.items():
         st = os.lstat(path)
         assert st.st_ino == ino, f"{path}: inode {st.st_ino}, was {ino}: replaced, not written in place"
         assert 0 < st.st_size < MARKER_MAX, f"{path}: {st.st_size} bytes: the old 0-byte placeholder is still there"
     failing = "cli.before_mount=10*off->return(EIO);ref.before_mount=10*off->return(EIO)"
     b = world.start("B", env={"GPUJAIL_FAILPOINTS": failing})
-    assert not b.ready
-    assert lost(a, world.jail) == []
-    assert lost(old, world.jail) == []
+    assert not b.ready, became_ready("REF-3", b, "its start was made to fail (EIO) after 10 mounts")
+    assert (gone := lost(a, world.jail)) == [], \
+        lost_files(f"REF-3/CLI-6: after worker {b.node_id}'s start failed after 10 mounts,", a, gone, world.jail)
+    assert (gone := lost(old, world.jail)) == [], \
+        lost_files(f"REF-3/CLI-6: after worker {b.node_id}'s start failed after 10 mounts, the pre-upgrade", old, gone,
+                   world.jail)
 
 
 @pytest.mark.req("REF-12", "REF-8")
@@ -75,18 +80,21 @@ def test_each_node_loads_its_own_driver_by_soname(world):
     bytes, loadable, and exporting its own version."""
     old, new = drivers.VERSIONS
     a = world.start("A", version=old)
-    assert a.ready, a.attempts[-1].stderr
+    assert a.ready, not_ready(f"REF-12 (driver {old})", a)
     b = world.start("B", version=new)
-    assert b.ready, b.attempts[-1].stderr
+    assert b.ready, not_ready(f"REF-12 (driver {new}, after a node on {old})", b)
     ldconfig = [jail_image.find_ldconfig(), "-r", str(world.jail)]
     blind = world.node("blind", role="cpu-worker")
-    assert blind.run(ldconfig).code == 0
-    assert b.node.run(ldconfig).code == 0
+    assert (r := blind.run(ldconfig)).code == 0, \
+        f"REF-12: `ldconfig -r JAIL` on a node that sees no mounts exited {r.code}: {r.error_line or 'no error output'}"
+    assert (r := b.node.run(ldconfig)).code == 0, \
+        f"REF-12: `ldconfig -r JAIL` on worker {b.node_id}'s node exited {r.code}: {r.error_line or 'no error output'}"
     a2 = world.start("A2", version=old)
-    assert a2.ready, a2.attempts[-1].stderr
+    assert a2.ready, not_ready(f"REF-12 (driver {old}, restarted after {new}'s ldconfig)", a2)
     for w, version in ((a, old), (b, new), (a2, old)):
         results = w.node.probe(soname_files(world.jail, version))
-        assert len(results) >= 5
+        assert len(results) >= 5, \
+            f"REF-12: only {len(results)} soname(s) to check for driver {version} on worker {w.node_id}, expected at least 5"
         wrong = [f"{os.path.basename(r['path'])}: " + (f"driver {r['driver']}" if r.get("driver") else
                                                         (r.get("error") or r.get("loader") or "?").split(": ")[-1])
                  for r in results
@@ -111,9 +119,11 @@ def test_hostile_symlink_parent(world, tmp_path, link):
     (world.jail / "usr/lib/firmware").mkdir(parents=True)
     os.symlink(target, world.jail / "usr/lib/firmware/nvidia")
     w = world.start("w")
-    assert os.listdir(outside) == []   # and the world fixture fails the test on any write outside the jail
+    # and the world fixture fails the test on any write outside the jail
+    assert os.listdir(outside) == [], (f"REF-11: worker {w.node_id} wrote outside the jail through the {link} symlink "
+                                       f"usr/lib/firmware/nvidia -> {target}: {sorted(os.listdir(outside))}")
     if not w.ready:
-        one_line_error(w)
+        one_line_error(w, "REF-11")
 
 
 @pytest.mark.req("REF-11")
@@ -135,7 +145,9 @@ def test_symlink_swapped_in_during_run(world, tmp_path, impl):
     os.symlink(str(outside), world.jail / LIB)
     barrier.release()
     t.join()
-    assert os.listdir(outside) == []
+    assert os.listdir(outside) == [], \
+        (f"REF-11: worker w wrote markers outside the jail after {LIB} was swapped for a symlink to "
+         f"{outside} mid-run: {sorted(os.listdir(outside))}")
 
 
 @pytest.mark.req("REF-9")
@@ -146,23 +158,33 @@ def test_dummy_library_over_placeholders(world, role):
     small files (the 31-byte ncurses linker script, 8-byte stub archives) are left alone, and the
     GPU workers are not disturbed."""
     early = world.start("early", role=role)
-    assert early.ready, early.attempts[-1].stderr
-    assert early.node.mounts(str(world.jail / "usr")) == []
+    assert early.ready, not_ready(f"REF-9 ({role}, before the GPU flag exists)", early)
+    assert (m := early.node.mounts(str(world.jail / "usr"))) == [], \
+        (f"REF-9: {role} {early.node_id} mounted over the jail before the GPU flag existed: "
+         f"{[os.path.relpath(x['mountpoint'], world.jail) for x in m]}")
     gpu = world.start("gpu")
-    assert gpu.ready
+    assert gpu.ready, not_ready("REF-9 (the GPU worker beside the CPU workers)", gpu)
     cpu = world.start("cpu", role=role)
-    assert cpu.ready, cpu.attempts[-1].stderr
+    assert cpu.ready, not_ready(f"REF-9 ({role}, after the GPU flag)", cpu)
     lib = world.jail / LIB
     nvml, ncurses, stub = cpu.node.probe([{"path": str(lib / "libnvidia-ml.so.550.54.15"), "load": True},
                                           {"path": str(lib / "libncurses.so")}, {"path": str(lib / "libpthread.a")}])
-    assert nvml["attached"] and nvml["loader"] == "ok"
-    assert not ncurses["attached"] and ncurses["size"] == 31
-    assert not stub["attached"] and stub["size"] == 8
+    assert nvml["attached"] and nvml["loader"] == "ok", \
+        (f"REF-9: {role} {cpu.node_id} must cover the placeholder {LIB}/libnvidia-ml.so.550.54.15 with a loadable dummy: "
+         f"mounted over: {bool(nvml['attached'])}, loader says: {nvml['loader']}")
+    assert not ncurses["attached"] and ncurses["size"] == 31, \
+        (f"REF-9: {role} {cpu.node_id} must leave the image's 31-byte ncurses linker script {LIB}/libncurses.so alone: "
+         f"mounted over: {bool(ncurses['attached'])}, {ncurses['size']} bytes")
+    assert not stub["attached"] and stub["size"] == 8, \
+        (f"REF-9: {role} {cpu.node_id} must leave the image's 8-byte stub archive {LIB}/libpthread.a alone: "
+         f"mounted over: {bool(stub['attached'])}, {stub['size']} bytes")
     # Exactly the placeholders, nothing else: not the image's real library, not the soname symlinks
     # that ldconfig pointed at markers.
     mounted = {os.path.relpath(m["mountpoint"], world.jail) for m in cpu.node.mounts(str(world.jail / "usr"))}
-    assert mounted == placeholders_on_host(world.jail)
-    assert lost(gpu, world.jail) == []
+    assert mounted == (wanted := placeholders_on_host(world.jail)), \
+        (f"REF-9: {role} {cpu.node_id} must mount a dummy over exactly the placeholders; over non-placeholders: "
+         f"{sorted(mounted - wanted)}, placeholders left uncovered: {sorted(wanted - mounted)}")
+    assert (gone := lost(gpu, world.jail)) == [], lost_files(f"REF-9: beside {role} {cpu.node_id}, GPU", gpu, gone, world.jail)
 
 
 def placeholders_on_host(jail) -> set[str]:
@@ -195,9 +217,12 @@ def test_populate_cleanup_removes_only_placeholders(world, impl):
     before = jail_image.snapshot(world.jail)
     r = world.node("populate", role="cpu-worker").run(
         command_for(impl, str(world.jail), "populate", "cpu-worker") + ["populate-cleanup"])
-    assert r.code == 0, r.stderr
+    assert r.code == 0, f"REF-9: populate-cleanup (node populate) exited {r.code}: {r.error_line or 'no error output'}"
     gone = {f"{LIB}/libcuda.so.550.54.15", f"{LIB}/libnvidia-ml.so.550.54.15", "usr/lib64/libnvidia-cfg.so.550.54.15",
             "etc/gpu_libs_installed.flag"}
     after = jail_image.snapshot(world.jail)
-    assert sorted(set(before) - set(after)) == sorted(gone)
-    assert {k: v for k, v in before.items() if k not in gone} == after
+    assert sorted(set(before) - set(after)) == sorted(gone), \
+        (f"REF-9: populate-cleanup must remove exactly the placeholders and the flag; left: "
+         f"{sorted(gone - (set(before) - set(after)))}, removed besides: {sorted(set(before) - set(after) - gone)}")
+    assert {k: v for k, v in before.items() if k not in gone} == after, \
+        f"REF-9: populate-cleanup changed more than the placeholders and the flag: {changes(before, after, gone)}"

@@ -14,7 +14,20 @@ import threading
 import time
 
 import pytest
-from gpujail.conformance.helpers import MARKER_MAX, lost, new_entries, one_line_error, only_whole_markers, start_all, stub_cli
+from gpujail.conformance.helpers import (
+    MARKER_MAX,
+    became_ready,
+    changes,
+    lost,
+    lost_files,
+    new_entries,
+    not_ready,
+    one_line_error,
+    only_whole_markers,
+    soname_broken,
+    start_all,
+    stub_cli,
+)
 from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 
@@ -33,9 +46,9 @@ def test_cold_bring_up(world, n, workers):
     GPU job in each sees every driver file through the jail (host bytes, loads with the real loader);
     the flag is set."""
     for w in start_all(world, workers if n == "--workers" else n):
-        assert w.ready, f"{w.node_id}: {w.attempts[-1].stderr}"
-        assert lost(w, world.jail) == []
-    assert (world.jail / FLAG).exists()
+        assert w.ready, not_ready("REF-10", w)
+        assert (gone := lost(w, world.jail)) == [], lost_files("REF-10", w, gone, world.jail)
+    assert (world.jail / FLAG).exists(), f"REF-10: every worker is ready, but the done flag {FLAG} was not created"
 
 
 @pytest.mark.req("REF-6", "CLI-3")
@@ -49,10 +62,11 @@ def test_cuda_image_compat_libraries_get_no_empty_placeholder(world):
     jail_image.plant_cuda_image(world.jail)
     before = jail_image.snapshot(world.jail)
     w = world.start("w", capabilities="compute,utility")
-    assert w.ready, w.attempts[-1].stderr
-    empty = [rel for rel, (mode, size, _) in new_entries(before, world.jail).items()
+    assert w.ready, not_ready("REF-6/CLI-3", w)
+    empty = [rel for rel, (mode, size, _) in new_entries(before, world.jail, "REF-6/CLI-3").items()
              if stat.S_ISREG(mode) and size == 0 and rel.startswith("usr/")]
-    assert empty == [], f"0-byte placeholders no marker covers (a failing CLI's cleanup unlinks them): {empty}"
+    assert empty == [], (f"REF-6/CLI-3: worker {w.node_id} left 0-byte placeholders no marker covers "
+                         f"(a failing CLI's cleanup unlinks them): {empty}")
 
 
 @pytest.mark.req("REF-5")
@@ -62,34 +76,39 @@ def test_no_empty_placeholder_after_cold_start(world):
     parents."""
     before = jail_image.snapshot(world.jail)
     w = world.start("w")
-    assert w.ready, w.attempts[-1].stderr
+    assert w.ready, not_ready("REF-5", w)
     modes = {drivers.tree_path(f).replace("usr/lib/x86_64-linux-gnu/", "").split("/")[-1]: f.mode
              for f in drivers.catalogue() if f.on_disk}
     markers = 0
-    for rel, (mode, size, link) in new_entries(before, world.jail).items():
+    for rel, (mode, size, link) in new_entries(before, world.jail, "REF-5").items():
         if stat.S_ISDIR(mode):
-            assert stat.S_IMODE(mode) == 0o755, f"{rel}: directory mode {stat.S_IMODE(mode):o}"
+            assert stat.S_IMODE(mode) == 0o755, \
+                f"REF-5: worker {w.node_id} created directory {rel} with mode {stat.S_IMODE(mode):04o}, expected 0755"
         elif stat.S_ISREG(mode) and os.path.basename(rel) in modes:
-            assert 0 < size < MARKER_MAX, f"{rel}: {size} bytes"
-            assert mode == modes[os.path.basename(rel)], f"{rel}: mode {mode:o}, host {modes[os.path.basename(rel)]:o}"
+            assert 0 < size < MARKER_MAX, (f"REF-5: worker {w.node_id} left {rel} at {size} bytes, expected a complete "
+                                           f"marker of 1 to {MARKER_MAX - 1} bytes (0 bytes: the CLI's own placeholder)")
+            host = modes[os.path.basename(rel)]
+            assert mode == host, f"REF-5: worker {w.node_id} made marker {rel} with mode {mode:o}, the host file's is {host:o}"
             markers += 1
-    assert markers >= 10
+    assert markers >= 10, (f"REF-5: worker {w.node_id} created {markers} marker(s) for driver files, expected at least 10 "
+                           f"(one per file configure mounts)")
 
 
 @pytest.mark.req("REF-4")
 def test_warm_start_takes_no_lock_and_creates_nothing(world):
     """On a fully populated jail a start creates nothing and does not wait for the placeholder
     lock: with the lock held by someone else for the whole start, it still becomes ready."""
-    assert world.start("first").ready
+    assert (first := world.start("first")).ready, not_ready("REF-4", first)
     before = jail_image.snapshot(world.jail)
     with open(world.jail / LOCK, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         warm = world.start("warm", env={"GPUJAIL_LOCK_TIMEOUT": "0.5"})
-    assert warm.ready, warm.attempts[-1].stderr
-    assert lost(warm, world.jail) == []
+    assert warm.ready, not_ready("REF-4 (on a populated jail, with the placeholder lock held by someone else)", warm)
+    assert (gone := lost(warm, world.jail)) == [], lost_files("REF-4", warm, gone, world.jail)
     ours = ("etc/ld.so.cache", LOCK)   # the test's own lock file; the cache ldconfig may refresh
-    assert {k: v for k, v in jail_image.snapshot(world.jail).items() if k not in ours} == \
-        {k: v for k, v in before.items() if k not in ours}
+    after = jail_image.snapshot(world.jail)
+    assert {k: v for k, v in after.items() if k not in ours} == {k: v for k, v in before.items() if k not in ours}, \
+        f"REF-4: warm start of worker {warm.node_id} on a populated jail changed it: {changes(before, after, ours)}"
 
 
 def _lock_waiters(path) -> int:
@@ -103,7 +122,8 @@ def _lock_waiters(path) -> int:
 def test_later_lock_holder_rechecks(world):
     """REF-5 re-check: a worker that queued on the lock while an earlier holder created every
     marker must find them present under the lock and create nothing (the seed's third e2e path)."""
-    assert world.start("probe-driver").ready    # learn the markers an earlier holder would create
+    # learn the markers an earlier holder would create
+    assert (probe := world.start("probe-driver")).ready, not_ready("REF-5", probe)
     created = {rel: v for rel, v in jail_image.snapshot(world.jail).items()}
     jail2 = world.jail
     # Remove the markers, hold the lock, let a worker queue on it, then put them back ourselves.
@@ -127,9 +147,13 @@ def test_later_lock_holder_rechecks(world):
         inodes = {rel: os.stat(jail2 / rel).st_ino for rel in saved}
         mtimes = {rel: os.stat(jail2 / rel).st_mtime_ns for rel in saved}
     t.join()
-    assert result["w"].ready, result["w"].attempts[-1].stderr
-    assert {rel: os.stat(jail2 / rel).st_ino for rel in saved} == inodes
-    assert {rel: os.stat(jail2 / rel).st_mtime_ns for rel in saved} == mtimes
+    assert result["w"].ready, not_ready("REF-5", result["w"])
+    now = {rel: os.stat(jail2 / rel).st_ino for rel in saved}
+    assert now == inodes, (f"REF-5: worker queued on the lock replaced markers an earlier holder had created, instead of "
+                           f"re-checking under the lock: {sorted(rel for rel in saved if now[rel] != inodes[rel])}")
+    now = {rel: os.stat(jail2 / rel).st_mtime_ns for rel in saved}
+    assert now == mtimes, (f"REF-5: worker queued on the lock rewrote markers an earlier holder had created, instead of "
+                           f"re-checking under the lock: {sorted(rel for rel in saved if now[rel] != mtimes[rel])}")
 
 
 @pytest.mark.req("REF-5")
@@ -140,18 +164,25 @@ def test_lock_wait_is_bounded(world):
     with open(world.jail / LOCK, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         w = world.start("w", env={"GPUJAIL_LOCK_TIMEOUT": "0.3"}, timeout=60)
-    assert not w.ready and w.attempts[-1].code not in (0, "timeout")
-    assert "lock" in one_line_error(w)
-    assert {k: v for k, v in jail_image.snapshot(world.jail).items() if k != LOCK} == \
-        {k: v for k, v in before.items() if k != LOCK}
+    assert not w.ready and w.attempts[-1].code not in (0, "timeout"), \
+        (f"REF-5: worker {w.node_id} must give up waiting for the held lock {LOCK} with a non-zero exit, got exit "
+         f"{w.attempts[-1].code}" + (" (the lock wait is not bounded)" if w.attempts[-1].code == "timeout" else
+                                      " (it did not wait for the lock)" if w.ready else ""))
+    assert "lock" in (line := one_line_error(w, "REF-5")), \
+        f"REF-5: worker {w.node_id}'s error line does not name the lock ({LOCK}) it gave up on: {line!r}"
+    after = jail_image.snapshot(world.jail)
+    assert {k: v for k, v in after.items() if k != LOCK} == {k: v for k, v in before.items() if k != LOCK}, \
+        f"REF-5: worker {w.node_id} wrote to the jail without holding the lock: {changes(before, after, (LOCK,))}"
 
 
 @pytest.mark.req("REF-3")
 def test_node_local_entries_are_skipped(world):
     """/dev and /run entries resolve to node-local objects, so the shared jail's own dev/ and run/
     stay empty: no marker is created for a device node or a socket."""
-    assert world.start("w").ready
-    assert os.listdir(world.jail / "dev") == [] and os.listdir(world.jail / "run") == []
+    assert (w := world.start("w")).ready, not_ready("REF-3", w)
+    assert os.listdir(world.jail / "dev") == [] and os.listdir(world.jail / "run") == [], \
+        (f"REF-3: worker {w.node_id} created entries for node-local objects in the shared jail: "
+         f"dev/ {sorted(os.listdir(world.jail / 'dev'))}, run/ {sorted(os.listdir(world.jail / 'run'))}")
 
 
 @pytest.mark.req("REF-1")
@@ -159,9 +190,11 @@ def test_failing_list_is_fatal(world):
     """A failing `list` is fatal, with its error line, before anything is written."""
     before = jail_image.snapshot(world.jail)
     w = world.start("w", env={"GPUJAIL_FAILPOINTS": "cli.before_list=return(EIO)"})
-    assert not w.ready
-    assert "list" in one_line_error(w)
-    assert jail_image.snapshot(world.jail) == before
+    assert not w.ready, became_ready("REF-1", w, "`nvidia-container-cli list` failed (EIO)")
+    assert "list" in (line := one_line_error(w, "REF-1")), \
+        f"REF-1: worker {w.node_id}'s error line does not name the failing `list`: {line!r}"
+    after = jail_image.snapshot(world.jail)
+    assert after == before, f"REF-1: worker {w.node_id} wrote to the jail although `list` failed: {changes(before, after)}"
 
 
 @pytest.mark.req("REF-1")
@@ -171,9 +204,12 @@ def test_list_failing_after_its_output_is_fatal(world, tmp_path):
     listing = world.node("probe").cli("list").stdout
     before = jail_image.snapshot(world.jail)
     w = world.start("w", env=stub_cli(tmp_path, list_output=listing, list_exit=1))
-    assert not w.ready
-    assert "list" in one_line_error(w)
-    assert jail_image.snapshot(world.jail) == before
+    assert not w.ready, became_ready("REF-1", w, "`nvidia-container-cli list` printed its files, then exited 1")
+    assert "list" in (line := one_line_error(w, "REF-1")), \
+        f"REF-1: worker {w.node_id}'s error line does not name the failing `list`: {line!r}"
+    after = jail_image.snapshot(world.jail)
+    assert after == before, \
+        f"REF-1: worker {w.node_id} wrote to the jail although `list` exited 1: {changes(before, after)}"
 
 
 @pytest.mark.req("REF-1")
@@ -185,21 +221,24 @@ def test_bad_list_output(world, tmp_path, listing):
     and nothing but whole markers in the jail."""
     before = jail_image.snapshot(world.jail)
     w = world.start("w", env=stub_cli(tmp_path, list_output=listing))
-    assert not w.ready
-    one_line_error(w)
-    only_whole_markers(before, world.jail)
+    assert not w.ready, became_ready("REF-1", w, f"`nvidia-container-cli list` printed an unusable file set: {listing!r}")
+    one_line_error(w, "REF-1")
+    only_whole_markers(before, world.jail, "REF-1")
 
 
 @pytest.mark.req("REF-1")
 def test_driver_upgrade_picks_up_new_files(world):
     """The file set is taken at run time: a node on the newer driver, on a jail populated by the old
     one, gets markers and mounts for its own files (libnvidia-gpucomp only exists in 570)."""
-    assert world.start("old").ready
+    assert (old := world.start("old")).ready, not_ready("REF-1", old)
     new = world.start("new", version="570.86.15")
-    assert new.ready, new.attempts[-1].stderr
+    assert new.ready, not_ready("REF-1 (driver 570 on a jail populated by 550)", new)
     from gpujail.backends.probes import gpu_files, problems
-    assert problems(new.node.probe(gpu_files(world.jail, "570.86.15"))) == []
-    assert (world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.570.86.15").stat().st_size > 0
+    assert (gone := problems(new.node.probe(gpu_files(world.jail, "570.86.15")))) == [], \
+        lost_files("REF-1 (driver 570 on a jail populated by 550)", new, gone, world.jail)
+    gpucomp = "usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.570.86.15"
+    assert (size := (world.jail / gpucomp).stat().st_size) > 0, \
+        f"REF-1/REF-5: {gpucomp}, a file only driver 570 has, is {size} bytes on the host: no marker for worker {new.node_id}"
 
 
 @pytest.mark.req("REF-2")
@@ -209,9 +248,11 @@ def test_non_debian_jail(world):
     (world.jail / "etc/debian_version").unlink()
     (world.jail / "etc/ld.so.conf.d/lib64.conf").write_text("/usr/lib64\n")   # as on RHEL-like images
     w = world.start("w")
-    assert w.ready, w.attempts[-1].stderr
+    assert w.ready, not_ready("REF-2 (jail without etc/debian_version)", w)
     lib = world.jail / "usr/lib64/libnvidia-ml.so.550.54.15"
-    assert 0 < lib.stat().st_size < MARKER_MAX
+    assert 0 < (size := lib.stat().st_size) < MARKER_MAX, \
+        (f"REF-2: without etc/debian_version the CLI mounts libraries in usr/lib64, so worker {w.node_id} must put a "
+         f"complete marker (1 to {MARKER_MAX - 1} bytes) at usr/lib64/libnvidia-ml.so.550.54.15; it is {size} bytes")
 
 
 @pytest.mark.req("REF-2")
@@ -221,8 +262,8 @@ def test_jail_path_with_spaces(tmp_path, open_world):
     jail = jail_image.make_jail(tmp_path / "my jail")
     with open_world(jail) as world:
         w = world.start("w")
-        assert w.ready, w.attempts[-1].stderr
-        assert lost(w, jail) == []
+        assert w.ready, not_ready(f"REF-2 (jail path {str(jail)!r})", w)
+        assert (gone := lost(w, jail)) == [], lost_files(f"REF-2 (jail path {str(jail)!r})", w, gone, jail)
 
 
 @pytest.mark.req("REF-6")
@@ -230,9 +271,12 @@ def test_capabilities_are_passed(world):
     """The CLI runs with the caller's capabilities: with `utility` only, NVML is mounted and
     libcuda is not."""
     w = world.start("w", capabilities="utility")
-    assert w.ready, w.attempts[-1].stderr
+    assert w.ready, not_ready("REF-6 (capabilities=utility)", w)
     mounts = {os.path.basename(m["mountpoint"]) for m in w.node.mounts()}
-    assert "libnvidia-ml.so.550.54.15" in mounts and "libcuda.so.550.54.15" not in mounts
+    assert "libnvidia-ml.so.550.54.15" in mounts and "libcuda.so.550.54.15" not in mounts, \
+        (f"REF-6: with capabilities=utility worker {w.node_id} must mount libnvidia-ml.so.550.54.15 and not "
+         f"libcuda.so.550.54.15; NVML mounted: {'libnvidia-ml.so.550.54.15' in mounts}, "
+         f"libcuda mounted: {'libcuda.so.550.54.15' in mounts}")
 
 
 @pytest.mark.req("CLI-5")
@@ -245,16 +289,20 @@ def test_driver_mounts_are_read_only(world):
     # each device node) come first in its table; what the start added is stacked on top of them.
     node_own = collections.Counter(m["mountpoint"] for m in world.node("bare").mounts())
     w = world.start("w")
-    assert w.ready, w.attempts[-1].stderr
+    assert w.ready, not_ready("CLI-5", w)
     new = {}
     for m in w.node.mounts():
         if node_own[m["mountpoint"]] > 0:
             node_own[m["mountpoint"]] -= 1
         else:
             new[os.path.relpath(m["mountpoint"], world.jail)] = set(m["options"].split(","))
-    assert "dev/nvidia0" in new and "run/nvidia-persistenced/socket" in new and CUDA in new
+    assert "dev/nvidia0" in new and "run/nvidia-persistenced/socket" in new and CUDA in new, \
+        (f"CLI-5: worker {w.node_id} is ready but has no mount of "
+         f"{[p for p in ('dev/nvidia0', 'run/nvidia-persistenced/socket', CUDA) if p not in new]} under the jail")
     wanted = lambda rel: {"nosuid", "noexec"} if rel.startswith("run/") else {"ro", "nosuid"}  # noqa: E731
-    assert {rel: sorted(o) for rel, o in new.items() if not wanted(rel) <= o} == {}
+    assert (weak := {rel: sorted(o) for rel, o in new.items() if not wanted(rel) <= o}) == {}, \
+        (f"CLI-5: worker {w.node_id}'s mounts lack configure's remount flags (driver files and devices: ro,nosuid; "
+         f"sockets: nosuid,noexec): " + "; ".join(f"{rel}: {','.join(o)}" for rel, o in weak.items()))
 
 
 @pytest.mark.req("REF-6")
@@ -262,20 +310,23 @@ def test_failing_cli_is_fatal_without_retry(world):
     """A failing `configure` is fatal (non-zero so the orchestrator restarts the container), with
     its error in one line, and is not retried in-process."""
     w = world.start("w", env={"GPUJAIL_FAILPOINTS": "cli.before_mount=return(EIO)"})
-    assert not w.ready
-    assert "input/output error" in one_line_error(w).lower()
-    assert len(world.events("cli.start")) == 1
+    assert not w.ready, became_ready("REF-6", w, "`nvidia-container-cli configure` failed (EIO)")
+    assert "input/output error" in (line := one_line_error(w, "REF-6")).lower(), \
+        f"REF-6: worker {w.node_id}'s error line does not carry the CLI's error (input/output error): {line!r}"
+    assert (runs := len(world.events("cli.start"))) == 1, \
+        f"REF-6: worker {w.node_id} ran the CLI {runs} times; a failing configure must not be retried in-process"
 
 
 @pytest.mark.req("REF-7")
 def test_no_mounts_is_an_anomaly(world, tmp_path):
     """A `configure` that exits 0 having mounted nothing must not be trusted, even though every
     target exists (markers left by an earlier run pass an existence check)."""
-    assert world.start("earlier").ready
+    assert (earlier := world.start("earlier")).ready, not_ready("REF-7", earlier)
     w = world.start("w", env=stub_cli(tmp_path, configure="exit 0"))
-    assert not w.ready
-    one_line_error(w)
-    assert not world.events("impl.ready", node="w")
+    assert not w.ready, became_ready("REF-7", w, "`configure` exited 0 having mounted nothing")
+    one_line_error(w, "REF-7")
+    assert not world.events("impl.ready", node="w"), \
+        f"REF-7: worker {w.node_id} reported ready (impl.ready) although `configure` mounted nothing"
 
 
 @pytest.mark.req("REF-7")
@@ -287,22 +338,23 @@ def test_placeholder_sized_mount_is_rejected(world, tmp_path):
                'printf "nvidia-placeholder-marker\\n" > /run/small; '
                f'mount --bind /run/small "$GPUJAIL_JAIL/{CUDA}"; exit 0')
     w = world.start("w", env=stub_cli(tmp_path, configure=snippet))
-    assert not w.ready
-    assert "libcuda" in one_line_error(w)
+    assert not w.ready, became_ready("REF-7", w, f"{CUDA} shows a 26-byte placeholder through its mount")
+    assert "libcuda" in (line := one_line_error(w, "REF-7")), \
+        f"REF-7: worker {w.node_id}'s error line does not name the placeholder-sized mount {CUDA}: {line!r}"
 
 
 @pytest.mark.req("REF-8")
 def test_soname_is_repaired(world):
     """libnvidia-ml.so.1 must resolve to real content: a worker repairs a missing soname link
     (ldconfig on the jail) and a GPU job then loads NVML by its soname."""
-    assert world.start("first").ready
+    assert (first := world.start("first")).ready, not_ready("REF-8", first)
     link = world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
     if os.path.lexists(link):
         link.unlink()
     w = world.start("w")
-    assert w.ready, w.attempts[-1].stderr
+    assert w.ready, not_ready("REF-8 (soname link libnvidia-ml.so.1 removed)", w)
     [r] = w.node.probe([{"path": str(link), "load": True}])
-    assert r["loader"] == "ok" and r["size"] > 1024
+    assert r["loader"] == "ok" and r["size"] > 1024, soname_broken("REF-8", w, r)
 
 
 @pytest.mark.req("REF-8")
@@ -320,17 +372,18 @@ def test_soname_unrepairable_is_fatal(world, tmp_path):
     w = world.start("w", env=env)
     if w.ready:
         [r] = w.node.probe([{"path": str(world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"), "load": True}])
-        assert r["loader"] == "ok" and r["size"] > 1024, r
+        assert r["loader"] == "ok" and r["size"] > 1024, soname_broken("REF-8/REF-12", w, r)
     else:
-        assert "libnvidia-ml.so.1" in one_line_error(w)
+        assert "libnvidia-ml.so.1" in (line := one_line_error(w, "REF-8")), \
+            f"REF-8: worker {w.node_id} failed, but its error line does not name the broken soname libnvidia-ml.so.1: {line!r}"
 
 
 @pytest.mark.req("REF-10")
 def test_no_flag_on_failure(world):
     """The done flag is touched only by a worker that passed verification."""
     w = world.start("w", env={"GPUJAIL_FAILPOINTS": "cli.before_list=return(EIO)"})
-    assert not w.ready
-    assert not (world.jail / FLAG).exists()
+    assert not w.ready, became_ready("REF-10", w, "`nvidia-container-cli list` failed (EIO)")
+    assert not (world.jail / FLAG).exists(), f"REF-10: worker {w.node_id} failed but created the done flag {FLAG}"
 
 
 @pytest.mark.req("REF-5")
@@ -338,12 +391,12 @@ def test_read_only_jail(world):
     """A read-only jail: a cold start fails with one line naming the path (it cannot create its
     markers); a warm start (everything present, flag set) works, since nothing needs writing."""
     cold = world.start("ro-cold", node_options={"jail_readonly": True})
-    assert not cold.ready
-    one_line_error(cold)
-    assert world.start("rw").ready
+    assert not cold.ready, became_ready("REF-5", cold, "the jail is read-only and cold (no markers can be created)")
+    one_line_error(cold, "REF-5")
+    assert (rw := world.start("rw")).ready, not_ready("REF-5", rw)
     warm = world.start("ro-warm", node_options={"jail_readonly": True})
-    assert warm.ready, warm.attempts[-1].stderr
-    assert lost(warm, world.jail) == []
+    assert warm.ready, not_ready("REF-5 (read-only jail, already populated: nothing needs writing)", warm)
+    assert (gone := lost(warm, world.jail)) == [], lost_files("REF-5", warm, gone, world.jail)
 
 
 @pytest.mark.req("REF-5")
@@ -353,7 +406,10 @@ def test_full_jail_leaves_no_truncated_placeholder(world):
     from gpujail.contract import command_for
     node = world.node("full", jail_tmpfs="80k")
     r = node.run(command_for(world.impl, str(world.jail), "full", "gpu-worker"))
-    assert r.code != 0
-    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
+    assert r.code != 0, "REF-5: worker full exited 0 on a full jail (ENOSPC: its markers cannot all be written)"
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, \
+        f"REF-5: worker full (exit {r.code}, ENOSPC) must explain its failure in exactly one stderr line, wrote:\n{r.stderr}"
     listing = node.run(["find", str(world.jail / "usr"), "-type", "f", "-printf", "%s %p\\n"]).stdout
-    assert [ln for ln in listing.splitlines() if int(ln.split()[0]) == 0] == []
+    assert (empty := [ln for ln in listing.splitlines() if int(ln.split()[0]) == 0]) == [], \
+        (f"REF-5: worker full left 0-byte placeholders on the full jail (a failing CLI deletes them from under mounts): "
+         f"{[ln.split(' ', 1)[1].removeprefix(str(world.jail) + '/') for ln in empty]}")
