@@ -324,28 +324,6 @@ def with_sonames(ctx: Ctx, pairs: list[tuple[str, str]]) -> tuple[Ctx, list[tupl
     return ctx, sonames
 
 
-def mount_sonames(ctx: Ctx, sonames: list[tuple[str, str]], mounted: list[str]) -> list[str]:
-    """REF-12: bind this node's own library over each soname placeholder whose library the CLI
-    mounted, read-only like the CLI's mounts, then check it shows real content by path (REF-7)."""
-    done = set(mounted)
-    out = []
-    for host_path, rel in sonames:
-        if f"{os.path.dirname(rel)}/{os.path.basename(host_path)}" not in done:
-            continue   # a capability this start did not ask for
-        try:
-            ctx.sys.bind_mount_beneath(host_path, ctx.jail, rel, MS_RDONLY | MS_NODEV | MS_NOSUID)
-        except OSError as e:
-            raise Fatal("verify-failed", f"cannot mount {host_path} over the soname {ctx.jail}/{rel}: "
-                                         f"{e.strerror}") from None
-        history.record("impl.mount", src=host_path, dst=rel)
-        st = _stat_beneath(ctx, rel)
-        if st is None or st.st_size <= REAL_CONTENT_MIN:
-            raise Fatal("verify-failed", f"{ctx.jail}/{rel}: soname shows {st.st_size if st else 'nothing'} "
-                                         f"bytes after mounting {host_path} over it")
-        out.append(rel)
-    return out
-
-
 # -- REF-6: the CLI ---------------------------------------------------------------------------
 
 def run_configure(ctx: Ctx) -> None:

@@ -11,7 +11,12 @@ The building blocks are in core.py; every jail path goes through openat2 beneath
 """
 from __future__ import annotations
 
+import os
+
 from gpujail.reference_impl import core
+
+from gpujail.world import history
+from gpujail.world.sysops import MS_NODEV, MS_NOSUID, MS_RDONLY
 
 
 def gpu_worker(ctx: core.Ctx) -> None:
@@ -21,9 +26,31 @@ def gpu_worker(ctx: core.Ctx) -> None:
     before = core.jail_mounts(ctx)
     core.run_configure(ctx)
     mounted = core.verify(ctx, before)
-    core.mount_sonames(ctx, sonames, mounted)
+    mount_sonames(ctx, sonames, mounted)
     core.ensure_soname(ctx, mounted)
     core.mark_done(ctx)
+
+
+def mount_sonames(ctx: core.Ctx, sonames: list[tuple[str, str]], mounted: list[str]) -> list[str]:
+    """REF-12: bind this node's own library over each soname placeholder whose library the CLI
+    mounted, read-only like the CLI's mounts, then check it shows real content by path (REF-7)."""
+    done = set(mounted)
+    out = []
+    for host_path, rel in sonames:
+        if f"{os.path.dirname(rel)}/{os.path.basename(host_path)}" not in done:
+            continue   # a capability this start did not ask for
+        try:
+            ctx.sys.bind_mount_beneath(host_path, ctx.jail, rel, MS_RDONLY | MS_NODEV | MS_NOSUID)
+        except OSError as e:
+            raise core.Fatal("verify-failed", f"cannot mount {host_path} over the soname {ctx.jail}/{rel}: "
+                                         f"{e.strerror}") from None
+        history.record("impl.mount", src=host_path, dst=rel)
+        st = core._stat_beneath(ctx, rel)
+        if st is None or st.st_size <= core.REAL_CONTENT_MIN:
+            raise core.Fatal("verify-failed", f"{ctx.jail}/{rel}: soname shows {st.st_size if st else 'nothing'} "
+                                         f"bytes after mounting {host_path} over it")
+        out.append(rel)
+    return out
 
 
 def cpu_worker(ctx: core.Ctx) -> None:
