@@ -158,7 +158,8 @@ _kind("impl.lock.released", "reference_impl/core.py", "lock:str", "it released t
 _kind("impl.marker", "reference_impl/core.py", "path:str mode:str in_place:bool?",
       "it created a marker placeholder (non-empty, < 64 bytes, REF-5) with the host file's mode "
       "(in_place: written into an old 0-byte placeholder, REF-3)")
-_kind("impl.mount", "reference_impl/core.py", "src:str dst:str", "`direct` bind-mounted a host file itself")
+_kind("impl.mount", "reference_impl/reference.py reference_impl/direct.py", "src:str dst:str",
+      "the implementation bind-mounted a host file itself (`direct`: every file; `reference`: its sonames, REF-12)")
 _kind("impl.verified", "reference_impl/core.py", "mounts:int", "the CLI's mounts are verified (REF-7)")
 _kind("impl.ldconfig", "reference_impl/core.py", "code:int", "it ran `ldconfig -r` on the jail (REF-8)")
 _kind("impl.populate_cleanup", "reference_impl/core.py", "removed:list",
