@@ -10,13 +10,15 @@ stdin/stdout. It:
    dies the kernel kills every process of the node (implementation, fake CLIs), and when the last
    process goes the mount namespace and all its mounts go too. Both processes ask to be SIGKILLed
    when their parent dies, so a dead harness leaves nothing behind (SPEC INV-6);
-2. builds the node's view of the host, in this namespace only: the cached driver tree overlaid on
-   `/usr` (driver files at their real host paths), a fresh tmpfs `/dev` holding the usual devices
+2. builds the node's view of the host, in this namespace only: the host seen copy-on-write (cow.py:
+   a start's writes outside the jail are recorded, never done), with the cached driver tree as a
+   lower layer of `/usr` (driver files at their real host paths), a fresh tmpfs `/dev` holding the usual devices
    (bind mounts of the host's) plus NVIDIA device nodes, a tmpfs `/run` holding the persistenced
    socket (a real AF_UNIX socket), and the node-local `/dev` and `/run` bind-mounted over
    `JAIL/dev` and `JAIL/run` (that is how a real jail sees node-local objects, SPEC REF-3);
-3. answers JSON-line requests: `run` an implementation (exit code, output, duration), `probe` files
-   through the jail with the real loader, `mounts`, `exit`.
+3. answers JSON-line requests: `run` an implementation (exit code, output up to a cap, duration,
+   what it changed outside the jail; at its deadline or exit, every process it started is killed),
+   `probe` files through the jail with the real loader, `mounts`, `exit`.
 
 The host's own `/usr`, `/dev`, `/run` are never written: every change is a mount in this namespace.
 
@@ -95,8 +97,8 @@ def build_view(cfg: dict) -> None:
     sysops.mount("tmpfs", "/run", "tmpfs", 0, "mode=0755")
     if cfg.get("cow", True):
         # The host copy-on-write (cow.py): what a start writes outside the jail is seen, never done.
-        shared = [jail, *(os.path.dirname(cfg["env"][k]) for k in ("GPUJAIL_HISTORY",) if cfg["env"].get(k)),
-                  *(cfg["env"][k] for k in ("GPUJAIL_BARRIERS",) if cfg["env"].get(k))]
+        history_file, barriers = cfg["env"].get("GPUJAIL_HISTORY"), cfg["env"].get("GPUJAIL_BARRIERS")
+        shared = [jail, *([os.path.dirname(history_file)] if history_file else []), *([barriers] if barriers else [])]
         host_view = cow.cover(shared, lowers)
         lowers = {p: lower for p, lower in lowers.items() if p not in {point for point, *_ in host_view.layers}}
     for target, lower in lowers.items():   # driver files at their host paths, read-only
