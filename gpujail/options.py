@@ -269,8 +269,8 @@ def real_cli(v: Value) -> str:
     path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep) if d and os.path.realpath(d) not in ours)
     found = shutil.which("nvidia-container-cli", path=path)
     if not found:
-        raise CliUnavailable(f"{v.label}: no nvidia-container-cli on this host's PATH ({path or 'empty'}); "
-                             "install libnvidia-container-tools, or put its directory first on PATH")
+        raise CliUnavailable(f"{v.label}: no nvidia-container-cli on this host's PATH (the suite's own fake does "
+                             "not count); install libnvidia-container-tools, or put its directory first on PATH")
     return os.path.abspath(found)
 
 
