@@ -223,3 +223,35 @@ def test_seed_bug_through_strace_alone(impl, tmp_path):
     assert result.verdict.valid is False and result.verdict.invariant == "INV-1", result.report()
     assert "w5's CLI cleanup unlinked" in result.report()
     assert result.windows["failure-while-ready"][0], result.report()
+
+
+@needs_strace
+@pytest.mark.kernel
+@pytest.mark.parametrize("spec,error,injected", [
+    # a cold jail: the first missing parent's mkdir fails with EEXIST, as when another CLI won the race
+    ("mkdir=1*return(EEXIST)", "mount error: file creation failed: ", [("mkdir", 1, "return", "EEXIST")]),
+    # the 3rd mount (the 2nd file's bind) fails with EIO: the batch's cleanup runs
+    ("mount=2*off->1*return(EIO)", "mount error: mount operation failed: ", [("mount", 3, "return", "EIO")]),
+    # ... and the CLI is killed at the 1st umount2 of that cleanup: nothing more is undone
+    ("mount=2*off->1*return(EIO);umount2=1*kill", None, [("mount", 3, "return", "EIO"), ("umount2", 1, "kill", None)]),
+])
+def test_the_fake_cli_in_a_node_fails_where_strace_says(spec, error, injected, tmp_path):
+    """The issue's three faults on the fake CLI in a worker's namespace, its failpoints off: the CLI's
+    own error line (CLI-4, CLI-5), or its death, and the events strace confirmed."""
+    if kernel.precondition():
+        pytest.skip(kernel.precondition())
+    from gpujail.fixtures.jail import make_jail
+    jail = make_jail(tmp_path / "jail")
+    with kernel.Fleet.recording(jail, tmp_path / "run") as fleet:
+        node = fleet.start("w0")
+        argv = ["nvidia-container-cli", "configure", "--compute", "--utility", "--device=all",
+                "--ldconfig=/usr/bin/true", str(jail)]
+        r = node.run(argv, env=node.contract_env(extra={syscall_faults.ENV: spec}))
+        events = fleet.history()
+    if error:
+        assert r.code == 1 and r.error_line.startswith(f"nvidia-container-cli: {error}"), r.stderr
+    else:
+        assert r.code == -signal.SIGKILL, r   # the wrapper dies as the CLI did: no error line, no exit 1
+        assert not [e for e in events if e["kind"] == "cli.exit"]
+    assert not [e for e in events if e["kind"] == "failpoint"]
+    assert [(e["syscall"], e["hit"], e["action"], e["arg"]) for e in events if e["kind"] == "cli.syscall_fault"] == injected
