@@ -220,6 +220,7 @@ def test_seed_bug_through_strace_alone(impl, tmp_path):
     assert not [e for e in events if e["kind"] == "failpoint"], "a fake CLI failpoint fired"
     injected = [(e["node"], e["syscall"], e["hit"], e["action"]) for e in events if e["kind"] == "cli.syscall_fault"]
     assert injected == [("w5", "mount", 21, "return"), ("w5", "mount", 21, "pause")]
+    assert result.unfired() == []   # the armed syscall.mount counts as fired
     assert result.verdict.valid is False and result.verdict.invariant == "INV-1", result.report()
     assert "w5's CLI cleanup unlinked" in result.report()
     assert result.windows["failure-while-ready"][0], result.report()
