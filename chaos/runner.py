@@ -31,8 +31,9 @@ from pathlib import Path
 
 from gpujail.chaos import checker, timeline
 from gpujail.chaos.checkers import windows as fault_windows
-from gpujail.chaos.scenario import Scenario
+from gpujail.chaos.scenario import SYSCALL, Scenario
 from gpujail.fixtures import jail as jail_image
+from gpujail.fixtures import syscall_faults
 from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
 
@@ -76,6 +77,7 @@ class ChaosRun:
         events = history.load(str(self.history_path))
         armed = {(e["worker"], e["failpoint"]) for e in events if e["kind"] == "chaos.fault"}
         fired = {(e["node"], e["name"]) for e in events if e["kind"] == "failpoint" and e.get("action") != "off"}
+        fired |= {(e["node"], SYSCALL + e["syscall"]) for e in events if e["kind"] == "cli.syscall_fault"}
         return sorted(f"{w} {fp}" for w, fp in armed - fired)
 
     def judge(self) -> tuple[list[str], list[str]]:
@@ -209,6 +211,17 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             for entry in spec.split(";"):
                 failpoint, _, term = entry.partition("=")
                 log("chaos.fault", worker=w, failpoint=failpoint, term=term)
+        # Syscall faults: the worker's CLI runs under strace --inject (fixtures/syscall_faults.py).
+        syscalls = scenario.syscall_schedule()
+        if syscalls and syscall_faults.unavailable():
+            raise RuntimeError(f"scenario {scenario.name} injects syscall faults, but {syscall_faults.unavailable()}")
+        for w, spec in syscalls.items():
+            for entry in spec.split(";"):
+                call, _, term = entry.partition("=")
+                log("chaos.fault", worker=w, failpoint=SYSCALL + call, term=term)
+        first_env = {w: {"GPUJAIL_FAILPOINTS": spec} for w, spec in schedule.items()}
+        for w, spec in syscalls.items():
+            first_env.setdefault(w, {})[syscall_faults.ENV] = spec
 
         errors: dict[str, Exception] = {}
 
@@ -217,7 +230,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                 workers[wid] = start_worker(
                     fleet, wid, impl, role=role, version=version, policy=policy, capabilities=scenario.capabilities,
                     env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
-                    first_attempt_env={"GPUJAIL_FAILPOINTS": schedule[wid]} if wid in schedule else None,
+                    first_attempt_env=first_env.get(wid),
                     on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,
                     node_options={"jail_readonly": True} if scenario.read_only else None)
             except Exception as e:   # raised once below, in the caller's thread (on an interrupt: never)

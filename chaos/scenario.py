@@ -26,6 +26,10 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     worker = "*"
     failpoint = "cli.before_mkdir"
     term = "1*pause(race)"
+    [[faults]]                 # a syscall fault: the CLI runs under strace --inject (fixtures/syscall_faults.py)
+    worker = "w5"              # `syscall.NAME`: the system call; the term in that module's grammar
+    failpoint = "syscall.mount"
+    term = "20*off->1*return(EIO)+pause(late)"
     [[kills]]                  # kill a worker's node (SIGKILL: no cleanup) once it reaches a barrier
     worker = "w1"              # or "*": whoever reaches it first
     when = "release"           # or "arrival" (default): kill at once, e.g. the lock holder others queue behind
@@ -43,8 +47,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpujail.fixtures import syscall_faults
+
 from gpujail.spec import DEFAULT_WORKERS
 from gpujail.world.failpoints import REGISTRY
+
+SYSCALL = "syscall."   # a fault on `syscall.NAME` is injected by strace at that system call, not by a failpoint
 
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
@@ -129,6 +137,8 @@ class Scenario:
         random schedule in random mode."""
         specs: dict[str, list[str]] = {w: [] for w, _, _ in self.workers}
         for f in self.faults:
+            if f.failpoint.startswith(SYSCALL):   # not a failpoint: syscall_schedule's
+                continue
             for w in specs if f.worker == "*" else [f.worker]:
                 specs[w].append(f"{f.failpoint}={f.term}")
         if self.mode == "random":
@@ -144,6 +154,16 @@ class Scenario:
                     jitter["cli.before_mount"] = f"{rng.randint(3, 40)}*off->return(EIO)"
                 specs[w] += [f"{fp}={term}" for fp, term in jitter.items() if fp not in taken]
         return {w: ";".join(s) for w, s in specs.items() if s}
+
+    def syscall_schedule(self) -> dict[str, str]:
+        """GPUJAIL_SYSCALL_FAULTS per worker for its first start: its `syscall.NAME` faults, which
+        the wrapper turns into strace --inject rules (fixtures/syscall_faults.py)."""
+        specs: dict[str, list[str]] = {}
+        for f in self.faults:
+            if f.failpoint.startswith(SYSCALL):
+                for w in [w for w, _, _ in self.workers] if f.worker == "*" else [f.worker]:
+                    specs.setdefault(w, []).append(f"{f.failpoint[len(SYSCALL):]}={f.term}")
+        return {w: ";".join(s) for w, s in specs.items()}
 
 
 def load(source: str | Path) -> Scenario:
@@ -167,7 +187,14 @@ def load(source: str | Path) -> Scenario:
         scenario = Scenario(faults=faults, kills=kills, barriers=barriers, **data)
     except (TypeError, KeyError) as e:
         raise ScenarioError(f"{path}: {e}") from None
+    for w, spec in scenario.syscall_schedule().items():
+        try:
+            syscall_faults.parse(spec)
+        except syscall_faults.SyscallFaultError as e:
+            raise ScenarioError(f"{path}: worker {w}: {e}") from None
     for f in faults:
+        if f.failpoint.startswith(SYSCALL):
+            continue
         if f.failpoint not in REGISTRY:
             raise ScenarioError(f"{path}: fault on unknown failpoint {f.failpoint!r}")
     from gpujail.chaos.checkers.windows import WINDOWS

@@ -54,7 +54,8 @@ OPTIONS = [
     Option("gpujail-report", "GPUJAIL_REPORT", "", "write a JSON summary per requirement to this file"),
     Option("cli", "GPUJAIL_CLI", "fake",
            "the nvidia-container-cli workers get: 'fake' (libnvidia-container 1.18's behaviour) or "
-           "'fake-own-cleanup' (upstream issue #377's proposal: its cleanup removes only what it created)"),
+           "'fake-own-cleanup' (upstream issue #377's proposal: its cleanup removes only what it created), or "
+           "'real' (the host's own, first on the host's PATH: on a GPU node)"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
 ]
@@ -250,6 +251,29 @@ def check_cli(v: Value) -> str:
     return CLI_VARIANTS[v.text]
 
 
+CLI_VARIANTS["real"] = ""   # the host's own nvidia-container-cli (first on the host's PATH), through the wrapper
+
+
+class CliUnavailable(BadInput):
+    """--cli real on a host without nvidia-container-cli: the backend cannot run (exit 3, not 2)."""
+
+
+def real_cli(v: Value) -> str:
+    """--cli real: the host's nvidia-container-cli (absolute path), found on the host's PATH
+    without the suite's own fake; '' for the fake variants. Put another CLI's directory first on
+    PATH to choose it."""
+    if v.text != "real":
+        return ""
+    from gpujail.fixtures import BIN, syscall_faults
+    ours = {str(BIN), syscall_faults.WRAP}
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep) if d and os.path.realpath(d) not in ours)
+    found = shutil.which("nvidia-container-cli", path=path)
+    if not found:
+        raise CliUnavailable(f"{v.label}: no nvidia-container-cli on this host's PATH (the suite's own fake does "
+                             "not count); install libnvidia-container-tools, or put its directory first on PATH")
+    return os.path.abspath(found)
+
+
 def check_self_checks(v: Value) -> None:
     if v.text not in SELF_CHECK_MODES:
         raise BadInput(f"{v.label}: expected one of {', '.join(SELF_CHECK_MODES)}")
@@ -288,6 +312,7 @@ def check_all(read) -> tuple[dict[str, Value], dict]:
     check_count(values["seed"])
     check_seconds(values["start-timeout"])
     check_cli(values["cli"])
+    real_cli(values["cli"])
     check_self_checks(values["self-checks"])
     check_impl(values["impl"])
     return values, load_expectations(values["expectations"])

@@ -102,6 +102,8 @@ class Suite:
         os.environ[options.BY_NAME["start-timeout"].env] = self.value("start-timeout")
         # The fake CLI's variant, for every worker this process starts (kernel.Node.contract_env).
         os.environ["GPUJAIL_CLI_VARIANT"] = options.check_cli(self.values["cli"])
+        # --cli real: the host's CLI, which workers get through the syscall-fault wrapper (contract_env).
+        os.environ["GPUJAIL_CLI_TARGET"] = options.real_cli(self.values["cli"])
         self.config = config
         self.by_requirement: dict[str, list] = defaultdict(list)
         self.self_checks: dict[str, list] = defaultdict(list)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujail import ROOT
-from gpujail.fixtures import BIN, drivers
+from gpujail.fixtures import BIN, drivers, syscall_faults
 from gpujail.spec import start_timeout
 from gpujail.world import history
 
@@ -126,6 +126,11 @@ class Node:
             env["GPUJAIL_CLI_VARIANT"] = os.environ["GPUJAIL_CLI_VARIANT"]
         env.update({k: v for k, v in self.env.items()})
         env.update(extra or {})
+        if os.environ.get(syscall_faults.TARGET_ENV):   # --cli real: the host's CLI, through the wrapper
+            env.setdefault(syscall_faults.TARGET_ENV, os.environ[syscall_faults.TARGET_ENV])
+        if env.get(syscall_faults.TARGET_ENV) or env.get(syscall_faults.ENV):
+            # the wrapper goes first on PATH: it runs that CLI (or the fake) under strace --inject
+            env["PATH"] = os.pathsep.join([str(syscall_faults.WRAP), env["PATH"]])
         return env
 
     def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None) -> RunResult:

@@ -142,6 +142,12 @@ _kind("cli.cleanup.keep", "fixtures/fake_cli.py", "path:str size:int? why:str?",
 _kind("cli.ldconfig", "fixtures/fake_cli.py", "argv:list", "configure runs ldconfig on the rootfs (SPEC CLI-7)")
 _kind("cli.exit", "fixtures/fake_cli.py", "code:int error:str?", "the CLI exits (with its error line on failure)")
 
+# -- the syscall-fault wrapper (fixtures/syscall_faults.py): strace --inject on the CLI ----------
+_kind("cli.syscall_fault", "fixtures/syscall_faults.py", "syscall:str hit:int action:str arg:str|null cli_pid:int",
+      "strace injected a fault into the CLI (as strace's own output marks it): the hit-th `syscall` of "
+      "process `cli_pid` failed with errno `arg` (return), was delayed `arg` ms (sleep), was killed "
+      "(kill), or stopped after the call until barrier `arg` opened (pause)")
+
 # -- the bundled implementations (reference_impl/), instrumented ----------------------------------
 _kind("impl.begin", "reference_impl/__main__.py", "impl:str role:str action:str",
       "an instrumented implementation starts its step (start or populate-cleanup) for a role")
