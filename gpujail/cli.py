@@ -81,6 +81,9 @@ def cmd_run(args, pytest_args: list[str]) -> int:
     try:
         options.check_workers(options.flag("workers", args.workers))
         options.check_seconds(options.flag("start-timeout", args.start_timeout))
+        options.real_cli(options.flag("cli", args.cli))
+    except options.CliUnavailable as e:   # a host without the real CLI cannot run that backend
+        raise Stop("backend", str(e)) from None
     except options.BadInput as e:
         raise Stop("bad-input", str(e)) from None
     return running.run(args, expectations_for(args.impl, args.expectations), pytest_args)

@@ -205,13 +205,17 @@ def chain_of(run: Run, removal: dict) -> list[dict]:
     fails = [e for e in same_cli if e.get("kind") == "cli.fail" and e["t"] >= since]
     cli_fail = fails[-1] if fails else None
     upto = cli_fail["t"] if cli_fail else t
-    fps = [e for e in same_cli if e.get("kind") == "failpoint" and since <= e["t"] <= upto
-           and e.get("action") in FAULT_ACTIONS]
+    # the fault that failed it: one of its failpoints, or a syscall strace injected into it (whose
+    # event the wrapper records under its own pid, naming the CLI's)
+    fps = [e for e in run.node_events(node) if since <= e["t"] <= upto and (
+        (e.get("kind") == "failpoint" and e.get("pid") == pid and e.get("action") in FAULT_ACTIONS)
+        or (e.get("kind") == "cli.syscall_fault" and e.get("cli_pid") == pid))]
     fp = fps[-1] if fps else None
     chain = [e for e in (fp, cli_fail) if e] + [removal]
     anchor = chain[0]["t"]
+    fault_name = fp and (fp.get("name") or "syscall." + fp.get("syscall", ""))
     faults = [e for e in run.of("chaos.fault") if str(e.get("worker")) == node and e["t"] <= anchor
-              and (fp is None or not e.get("failpoint") or e.get("failpoint") == fp.get("name"))]
+              and (fp is None or not e.get("failpoint") or e.get("failpoint") == fault_name)]
     return ([faults[-1]] if faults else []) + chain
 
 

@@ -33,7 +33,8 @@ class HistoryWatch:
             for line in complete.splitlines():
                 if b'"kind":"worker.ready"' in line:
                     self.ready.add((str(path), json.loads(line).get("node")))
-                elif b'"kind":"chaos.kill"' in line or (b'"kind":"failpoint"' in line and b'"action":"off"' not in line):
+                elif (b'"kind":"chaos.kill"' in line or b'"kind":"cli.syscall_fault"' in line
+                      or (b'"kind":"failpoint"' in line and b'"action":"off"' not in line)):
                     self.faults += 1
 
 
