@@ -393,17 +393,21 @@ def test_standalone_mounts_land_in_the_parents_namespace(world):
 
 
 @pytest.mark.req("CLI-5", "CLI-1")
-def test_container_process_outside_view_is_an_error(world):
-    """A parent outside the CLI's PID namespace is ppid 0 (getppid(2)), and no proc shows a
-    `/proc/0`: the CLI fails in `lookup_owner` before touching anything, as `--pid` of a process
-    that does not exist does. Nothing is created or mounted."""
+def test_container_process_out_of_view_is_an_error(world, tmp_path):
+    """A parent outside the CLI's PID namespace is ppid 0 (getppid(2)): `nvc_container_new` refuses
+    pid 0 (`validate_args`). A rootfs without a proc of its own, or a `--pid` of no process, fails
+    `lookup_owner`'s stat. Each before touching anything: nothing created or mounted."""
     a = world.node("a")
+    bare = tmp_path / "no-proc-rootfs"
+    (bare / "proc").mkdir(parents=True)
     before, mounts = jail_image.snapshot(world.jail), sorted(m["mountpoint"] for m in a.mounts())
-    for prefix, extra, proc in ((["unshare", "--pid", "--fork"], [], f"{world.jail}/proc/0"),
-                                ([], ["--pid=2147483647"], "/proc/2147483647")):
-        r = a.run([*prefix, "nvidia-container-cli", *CONFIGURE, *extra, str(world.jail)])
-        assert (r.code, stderr_lines(r)) == (
-            1, [f"nvidia-container-cli: container error: stat failed: {proc}: no such file or directory"]), r
+    for prefix, extra, rootfs, error in (
+            (["unshare", "--pid", "--fork"], [], world.jail, "container error: invalid argument"),
+            ([], [], bare, f"container error: stat failed: {bare}/proc/1: no such file or directory"),
+            ([], ["--pid=2147483647"], world.jail,
+             "container error: stat failed: /proc/2147483647: no such file or directory")):
+        r = a.run([*prefix, "nvidia-container-cli", *CONFIGURE, *extra, str(rootfs)])
+        assert (r.code, stderr_lines(r)) == (1, [f"nvidia-container-cli: {error}"]), (prefix, extra, r)
     assert jail_image.snapshot(world.jail) == before
     assert sorted(m["mountpoint"] for m in a.mounts()) == mounts
     assert file_events(world) == []
