@@ -99,7 +99,8 @@ class ModelSys:
 
     def getppid(self) -> int:
         """Every process of a model worker is in the worker's PID namespace: the parent's pid, or 0
-        for a process without one (the worker's first)."""
+        for a process without one (the worker's first). A parent in another worker (only a test
+        builds one) stands for a helper in another mount namespace of the same PID namespace."""
         return self.proc.parent.pid if self.proc.parent is not None else 0
 
     @_op()
@@ -324,7 +325,7 @@ class ModelSys:
         from gpujail.fixtures import fake_cli
         child = Proc(self.proc.worker, self.proc.spec, parent=self.proc)
         out, errout = io.StringIO(), io.StringIO()
-        saved = local.stdout, local.stderr
+        saved = getattr(local, "stdout", None), getattr(local, "stderr", None)   # none in a sandbox
         local.stdout, local.stderr = out, errout
         failpoints.set_process(child)
         try:
