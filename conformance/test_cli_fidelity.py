@@ -368,6 +368,51 @@ def test_mounts_are_read_only_and_in_the_callers_namespace_only(world):
     assert all(os.path.getsize(f["path"]) == 0 for f in files)
 
 
+@pytest.mark.req("CLI-5")
+def test_standalone_mounts_land_in_the_parents_namespace(world):
+    """Without `--pid` the CLI mounts in its *parent's* mount namespace, which it finds at
+    ROOTFS/proc/<ppid> (nvc_container.c `find_namespace_path`; each node has its own proc on
+    JAIL/proc), not in the one it was started in. Exec'd under `unshare -m` by the node, its mounts
+    are the node's. Exec'd back into the node (`nsenter`) by a parent in a private namespace, they
+    land in the parent's namespace and die with it: the node has none, only the placeholders."""
+    a, b = world.node("a"), world.node("b")
+    files = gpu_files(world.jail)
+    mine = a.run(["unshare", "--mount", "nvidia-container-cli", *CONFIGURE, str(world.jail)])
+    assert mine.code == 0, mine
+    assert all(r["attached"] and r["same_bytes"] for r in a.probe(files)), \
+        "CLI-5: a CLI exec'd in a private mount namespace by the node did not mount in the node's (its parent's)"
+
+    helper = ["unshare", "--mount", "--fork", "nsenter", f"--mount={world.jail}/proc/1/ns/mnt", "--"]
+    theirs = b.run([*helper, "nvidia-container-cli", *CONFIGURE, str(world.jail)])
+    assert theirs.code == 0, theirs
+    assert not any(r["attached"] for r in b.probe(files)), \
+        "CLI-5: a CLI whose parent lives in another mount namespace mounted in its own (the node's)"
+    assert all(os.path.getsize(f["path"]) == 0 for f in files)
+    entered = [e["path"] for e in world.history() if e["kind"] == "cli.setns"]
+    assert len(entered) == 2 and entered[1] != f"{world.jail}/proc/1/ns/mnt", entered   # unshare's, not the node's
+
+
+@pytest.mark.req("CLI-5", "CLI-1")
+def test_container_process_out_of_view_is_an_error(world, tmp_path):
+    """A parent outside the CLI's PID namespace is ppid 0 (getppid(2)): `nvc_container_new` refuses
+    pid 0 (`validate_args`). A rootfs without a proc of its own, or a `--pid` of no process, fails
+    `lookup_owner`'s stat. Each before touching anything: nothing created or mounted."""
+    a = world.node("a")
+    bare = tmp_path / "no-proc-rootfs"
+    (bare / "proc").mkdir(parents=True)
+    before, mounts = jail_image.snapshot(world.jail), sorted(m["mountpoint"] for m in a.mounts())
+    for prefix, extra, rootfs, error in (
+            (["unshare", "--pid", "--fork"], [], world.jail, "container error: invalid argument"),
+            ([], [], bare, f"container error: stat failed: {bare}/proc/1: no such file or directory"),
+            ([], ["--pid=2147483647"], world.jail,
+             "container error: stat failed: /proc/2147483647: no such file or directory")):
+        r = a.run([*prefix, "nvidia-container-cli", *CONFIGURE, *extra, str(rootfs)])
+        assert (r.code, stderr_lines(r)) == (1, [f"nvidia-container-cli: {error}"]), (prefix, extra, r)
+    assert jail_image.snapshot(world.jail) == before
+    assert sorted(m["mountpoint"] for m in a.mounts()) == mounts
+    assert file_events(world) == []
+
+
 # -- CLI-6 failure cleanup ----------------------------------------------------------------------
 
 @pytest.mark.req("CLI-6")

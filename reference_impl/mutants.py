@@ -198,6 +198,21 @@ def _ldconfig_winner_only(core):
     _wrap(core, "ensure_soname", winner_only)
 
 
+def _cli_parent_elsewhere(core):
+    """REF-6: the CLI run through a helper with a mount namespace of its own that `nsenter`s back
+    into the worker's to exec it (a vendor's wrapper, or a helper daemon): the CLI starts in the
+    worker's namespace, but a standalone CLI mounts in its *parent's* (CLI-5), the helper's, and
+    those mounts die with the helper. With a CLI that mounted where it was started, this worked."""
+    def through_helper(run_configure):
+        def run(ctx):
+            real = ctx.sys.run
+            hop = ["unshare", "--mount", "--fork", "nsenter", f"--mount={ctx.jail}/proc/{os.getpid()}/ns/mnt", "--"]
+            with mock.patch.object(ctx.sys, "run", lambda argv, **kw: real([*hop, *argv], **kw)):
+                return run_configure(ctx)
+        return run
+    _wrap(core, "run_configure", through_helper)
+
+
 def _verify_existence(core):
     _wrap(core, "verify", lambda verify: lambda ctx, before: verify(ctx, before, min_size=-1))
 
@@ -293,6 +308,8 @@ MUTANTS = {
                      _soname_links),
     "ldconfig-winner-only": ("shared soname links, and a busy ldconfig lock taken as 'the winner does it': "
                              "a blind winner leaves no soname", _ldconfig_winner_only),
+    "cli-parent-elsewhere": ("the CLI exec'd by a helper in another mount namespace: a standalone CLI mounts in its "
+                             "parent's, which dies with the helper", _cli_parent_elsewhere),
     "verify-existence": ("mounts verified by existence instead of size: a marker passes", _verify_existence),
     "exit-code-only": ("configure's exit code 0 taken as proof: its mounts never looked at", _exit_code_only),
     "no-verify": ("fire and forget: configure's exit code ignored and nothing verified", _no_verify),

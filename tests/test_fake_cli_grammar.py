@@ -83,6 +83,14 @@ def test_relative_or_slash_rootfs_is_an_input_error(rootfs):
     assert r.stderr == "nvidia-container-cli: input error: invalid rootfs directory\n"
 
 
+def test_bad_pid_is_an_input_error_at_parse_time():
+    """CLI-1: `--pid` goes through str_to_pid while parsing (configure.c), so a bad one is an input
+    error before the rootfs is looked at (here, one that does not exist)."""
+    r = cli("configure", "--compute", "--pid=abc", "/nonexistent-rootfs")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == "nvidia-container-cli: input error: parse pid failed: invalid argument\n"
+
+
 @pytest.mark.parametrize("spec", ["cli.before_mkdir=frob", "cli.before_mkdri=off", "cli.before_mount"])
 def test_malformed_failpoint_spec_is_one_line_and_exit_1(spec):
     """CLI-8: a malformed GPUJAIL_FAILPOINTS is bad input: one line on stderr, exit 1, before parsing

@@ -189,5 +189,31 @@ def test_the_seed_bug_sequence_agrees(kernel_pair):
     assert real == model_run(sequence)
 
 
+def test_standalone_cli_on_the_model_mounts_where_the_kernel_does(capsys):
+    """CLI-5 on the model, as conformance/test_cli_fidelity.py checks it on the kernel: the CLI a
+    worker's process runs finds that process (its parent) at JAIL/proc/<ppid>, enters its namespace
+    and mounts there only; a CLI with no parent in the worker (ppid 0) fails with the kernel's line
+    before touching anything."""
+    from gpujail.fixtures import drivers, fake_cli
+
+    from gpujail.backends.model import JAIL, SMALL_DRIVER, ModelSys, Proc, World, build
+    version = drivers.DEFAULT_VERSION
+    a, b = World.sandbox(build(version, SMALL_DRIVER), 2)
+    argv = ["configure", "--utility", "--compute", "--no-devbind", "--ldconfig=/usr/bin/true", JAIL]   # no /dev here
+    code, _, err = a.run(["nvidia-container-cli", *argv])
+    assert code == 0, err
+    nvml = f"{JAIL}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}"
+    assert nvml in {m.mountpoint for m in a.mounts()} and b.mounts() == []
+
+    assert fake_cli.main(argv, sysops=b) == 1    # b's process itself as the CLI: no parent, ppid 0
+    assert capsys.readouterr().err.splitlines() == ["nvidia-container-cli: container error: invalid argument"]
+    assert b.mounts() == []
+
+    # The helper case: a CLI started in a's namespace by a parent living in b's mounts in b's.
+    mine = len(a.mounts())
+    assert fake_cli.main(argv, sysops=ModelSys(a.world, Proc(a.proc.worker, "", parent=b.proc))) == 0
+    assert len(a.mounts()) == mine and nvml in {m.mountpoint for m in b.mounts()}
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["agent"]:
     agent()

@@ -45,7 +45,7 @@ import time
 
 from gpujail.backends import cow
 from gpujail.world import history
-from gpujail.world.sysops import MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, RealSys
+from gpujail.world.sysops import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, RealSys
 
 MS_MOVE = 8192
 
@@ -130,6 +130,23 @@ def build_view(cfg: dict) -> None:
             sysops.mount(f"/{d}", f"/proc/self/fd/{fd}", None, MS_BIND | MS_REC)
         finally:
             os.close(fd)
+    _jail_proc(jail)
+
+
+def _jail_proc(jail: str) -> None:
+    """The worker's own procfs on JAIL/proc, as the operator's workers have: a standalone CLI (no
+    `--pid`) finds its parent's owner and mount namespace at ROOTFS/proc/<ppid> (SPEC CLI-5,
+    nvc_container.c). Mounted by this process, PID 1 of the node's PID namespace, so it shows that
+    namespace: a parent outside the node is ppid 0, which no proc shows. A jail whose proc/ is not a
+    directory (a hostile symlink, none at all) gets none, like a real node's: the CLI fails then."""
+    try:
+        fd = os.open(os.path.join(jail, "proc"), os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        sysops.mount("proc", f"/proc/self/fd/{fd}", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    finally:
+        os.close(fd)
 
 
 def _node_dev(cfg: dict) -> None:

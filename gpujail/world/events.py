@@ -139,6 +139,8 @@ _kind("cli.cleanup.unlink", "fixtures/fake_cli.py", "path:str size:int? why:str?
       "cleanup unlinked a 0-byte file (`size`) or a symlink to nothing (`why`): another node's mount dies")
 _kind("cli.cleanup.keep", "fixtures/fake_cli.py", "path:str size:int? why:str?",
       "cleanup left a target in place (non-empty; or, own-cleanup variant, not created by this run)")
+_kind("cli.setns", "fixtures/fake_cli.py", "path:str",
+      "configure entered the container process's mount namespace (`ROOTFS/proc/<ppid>/ns/mnt` standalone)")
 _kind("cli.ldconfig", "fixtures/fake_cli.py", "argv:list", "configure runs ldconfig on the rootfs (SPEC CLI-7)")
 _kind("cli.exit", "fixtures/fake_cli.py", "code:int error:str?", "the CLI exits (with its error line on failure)")
 

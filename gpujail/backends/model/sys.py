@@ -12,6 +12,12 @@ ever see this interface. Two calls are more than one system call:
   `ldconfig -r ROOT` (soname links for every ELF file, read through the caller's mounts);
 * `lock(fd)` blocks the worker (not runnable) until the flock is free, or times out in virtual
   time when nobody who could release it can run (REF-5's bounded wait).
+
+Each worker's jail has its own procfs on JAIL/proc, as a kernel node's has (gpujail/backends/node.py):
+`stat` shows `JAIL/proc/<pid>` for the calling process and its ancestors in the worker (`/proc/<pid>`
+too: the host's), `getppid` names the parent, and `setns(".../<pid>/ns/mnt")` moves the calling
+process into that process's namespace. So a standalone CLI finds its parent and mounts where its
+parent lives (SPEC CLI-5), as on the kernel backend.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import contextlib
 import errno
 import io
 import os
+import re
 import stat as st
 import threading
 
@@ -26,7 +33,7 @@ from gpujail.fixtures import elf
 from gpujail.world import failpoints
 from gpujail.world.sysops import MS_RDONLY, LockTimeout, Mount
 
-from .fs import S_IFDIR, S_IFLNK, S_IFREG, UMASK, Inode, ModelMount, Namespace, Walk, err
+from .fs import JAIL, S_IFDIR, S_IFLNK, S_IFREG, UMASK, Inode, ModelMount, Namespace, Walk, err
 from .sched import Killed, Proc
 
 # The directories `ldconfig -r` scans in a Debian jail (its built-in list plus the multiarch ones).
@@ -72,10 +79,37 @@ class ModelSys:
 
     def __init__(self, world, proc: Proc):   # world: a world.World
         self.world, self.proc, self.fs = world, proc, world.fs
+        self.entered: Namespace | None = None   # set by setns: another process's namespace
 
     @property
     def ns(self) -> Namespace:
-        return self.proc.worker.ns
+        return self.entered or self.proc.worker.ns
+
+    def _proc_entry(self, path: str) -> Proc | None:
+        """The living process a procfs directory names: `/proc/<pid>` (the host's proc) or
+        `JAIL/proc/<pid>` (the worker's own). A model process knows its ancestors only, which is
+        all a CLI looks up (its parent, or the `--pid` its caller passes)."""
+        m = re.fullmatch(r"(.*)/proc/(\d+)", os.path.normpath(path))
+        if m is None or m.group(1) not in ("", JAIL):
+            return None
+        p = self.proc
+        while p is not None and not (p.pid == int(m.group(2)) and p.alive):
+            p = p.parent
+        return p
+
+    def getppid(self) -> int:
+        """Every process of a model worker is in the worker's PID namespace: the parent's pid, or 0
+        for a process without one (the worker's first). A parent in another worker (only a test
+        builds one) stands for a helper in another mount namespace of the same PID namespace."""
+        return self.proc.parent.pid if self.proc.parent is not None else 0
+
+    @_op()
+    def setns(self, path):
+        """setns(CLONE_NEWNS) through `<proc>/ns/mnt` (utils.c ns_enter)."""
+        proc = self._proc_entry(path.removesuffix("/ns/mnt")) if path.endswith("/ns/mnt") else None
+        if proc is None:
+            raise err(errno.ENOENT, path)
+        self.entered = proc.worker.ns
 
     def _existing(self, path: str, follow: bool = True, root: str = "/") -> Walk:
         w = self.fs.walk(self.ns, path, follow, root)
@@ -86,6 +120,8 @@ class ModelSys:
     # -- plain paths -------------------------------------------------------------------------------
     @_op()
     def stat(self, path):
+        if self._proc_entry(path) is not None:   # the worker's procfs (see the module's docstring)
+            return os.stat_result((S_IFDIR | 0o555, 0, 0, 9, 0, 0, 0, 0, 0, 0))
         return self._existing(path).node.stat()
 
     @_op()
@@ -289,7 +325,7 @@ class ModelSys:
         from gpujail.fixtures import fake_cli
         child = Proc(self.proc.worker, self.proc.spec, parent=self.proc)
         out, errout = io.StringIO(), io.StringIO()
-        saved = local.stdout, local.stderr
+        saved = getattr(local, "stdout", None), getattr(local, "stderr", None)   # none in a sandbox
         local.stdout, local.stderr = out, errout
         failpoints.set_process(child)
         try:

@@ -1,0 +1,86 @@
+"""The NVML soname on a driver laid out like a real one: SPEC REF-8 (and REF-12's limits).
+
+The fixtures' driver libraries are the smallest ELF files the loader accepts: their dynamic section
+(where DT_SONAME is) follows the ELF header. A real shared library keeps it near the end of the
+file, in its read-write segment: libc.so.6's PT_DYNAMIC is about 1.8 MiB in, a driver's
+libnvidia-ml.so similar. An implementation that reads a soname from a library's first bytes only
+(as a quick ELF probe tends to) finds none on a real host, so its own soname mounts (REF-12) do not
+happen for that library, and the NVML soname must then come from REF-8: checked, and repaired with
+the jail's ldconfig. These tests give one node a driver whose NVML is laid out that way.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+
+import pytest
+from gpujail.conformance.helpers import not_ready, soname_broken
+from gpujail.fixtures import drivers, elf
+
+pytestmark = pytest.mark.kernel   # a node with its own driver tree (the kernel backend's overlay)
+VERSION = drivers.DEFAULT_VERSION
+NVML = f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{VERSION}"
+DYNAMIC_AT = 2 << 20   # where libc.so.6 and a driver's NVML keep PT_DYNAMIC: about 2 MiB in
+
+
+def dynamic_moved(data: bytes, at: int) -> bytes:
+    """The fixture library `data` (elf.shared_object's layout: one PT_LOAD from offset 0, identity
+    mapped) with its dynamic array copied to offset `at` and PT_DYNAMIC pointing there, the PT_LOAD
+    grown to map it. The loader and ldconfig follow PT_DYNAMIC wherever it is; the old copy is dead
+    bytes. Everything else (DT_SONAME's string, the symbols) stays where it was."""
+    c = elf.MACHINES["x86_64"]
+    ehdr = dict(zip(elf._EHDR_FIELDS, struct.unpack_from("<" + c.ehdr, data)))
+    out = bytearray(data)
+    phdrs = []
+    for i in range(ehdr["phnum"]):
+        off = ehdr["phoff"] + i * ehdr["phentsize"]
+        phdrs.append((off, dict(zip(c.phdr_fields, struct.unpack_from("<" + c.phdr, data, off)))))
+    [(dyn_off, dyn)] = [(o, p) for o, p in phdrs if p["type"] == elf.PT_DYNAMIC]
+    [(load_off, load)] = [(o, p) for o, p in phdrs if p["type"] == elf.PT_LOAD]
+    table = data[dyn["offset"]:dyn["offset"] + dyn["filesz"]]
+    out = out.ljust(at, b"\0")[:at] + table
+    dyn.update(offset=at, vaddr=at, paddr=at)
+    load.update(filesz=len(out), memsz=len(out))
+    for off, ph in ((dyn_off, dyn), (load_off, load)):
+        struct.pack_into("<" + c.phdr, out, off, *(ph[f] for f in c.phdr_fields))
+    return bytes(out)
+
+
+@pytest.fixture
+def real_layout_driver(tmp_path):
+    """A copy of the driver tree whose libnvidia-ml.so.<version> keeps its dynamic section 2 MiB in."""
+    tree = tmp_path / "driver"
+    shutil.copytree(drivers.materialise(VERSION), tree, symlinks=True)
+    [f] = [f for f in drivers.catalogue(VERSION) if f.path == NVML]
+    path = tree / drivers.tree_path(f)
+    data = dynamic_moved(drivers.content(f, VERSION), DYNAMIC_AT)
+    assert elf.read_soname(data) == "libnvidia-ml.so.1" and elf.read_soname(data[:65536]) is None
+    path.chmod(0o644)
+    path.write_bytes(data)
+    return str(tree)
+
+
+@pytest.mark.req("REF-8")
+def test_nvml_soname_of_a_real_layout_library_resolves(world, real_layout_driver):
+    """A worker whose NVML keeps DT_SONAME 2 MiB in, on a cold jail (no soname link yet): it becomes
+    ready, and a GPU job loads NVML by its soname `libnvidia-ml.so.1` and gets this node's driver.
+    Whether the implementation mounts the soname itself (REF-12, reading the whole ELF) or has the
+    jail's ldconfig make the link (REF-8's repair), the soname must resolve."""
+    w = world.start("w", node_options={"driver_tree": real_layout_driver})
+    assert w.ready, not_ready("REF-8 (NVML with its dynamic section 2 MiB in, as real libraries have)", w)
+    [r] = w.node.probe([{"path": str(world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"), "load": True}])
+    assert r["loader"] == "ok" and r["size"] > 1024 and r.get("driver") == VERSION, soname_broken("REF-8", w, r)
+
+
+@pytest.mark.req("REF-8")
+def test_stale_nvml_soname_link_is_repaired(world, real_layout_driver):
+    """The jail's `libnvidia-ml.so.1` is a stale ldconfig link to a library no node has any more
+    (a jail from before a driver upgrade): a worker whose NVML keeps DT_SONAME 2 MiB in must not
+    report ready with it dangling. It becomes ready and NVML loads by its soname."""
+    link = world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    os.symlink("libnvidia-ml.so.535.00.00", link)
+    w = world.start("w", node_options={"driver_tree": real_layout_driver})
+    assert w.ready, not_ready("REF-8 (stale soname link libnvidia-ml.so.1 -> libnvidia-ml.so.535.00.00)", w)
+    [r] = w.node.probe([{"path": str(link), "load": True}])
+    assert r["loader"] == "ok" and r["size"] > 1024 and r.get("driver") == VERSION, soname_broken("REF-8", w, r)
