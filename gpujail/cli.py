@@ -12,6 +12,7 @@ How this works
     gpujail check HISTORY.jsonl [FINAL_STATE.json] [--timeline OUT.html]
     gpujail explore find|replay IMPL ...
     gpujail bench [--quick] [--only FIGURE ...]
+    gpujail qualify PATH [--timeout SECONDS]      (on two nodes sharing PATH)
 
 This module parses the command line and checks the input a subcommand depends on (the
 implementation, the backend, the expectations file: the same checks as the pytest plugin's, so a
@@ -47,6 +48,7 @@ from gpujail.commands import (
     stop_on_signals,
     tools,
 )
+from gpujail.commands import qualify
 from gpujail.commands import run as running
 from gpujail.spec import EXIT
 
@@ -141,11 +143,12 @@ def parser() -> Parser:
     sc.add_argument("files", nargs="*", help="scenario TOML files to check and describe instead")
     sub.add_parser("failpoints", help="list the failpoints and the GPUJAIL_FAILPOINTS term syntax")
     tools.add_parsers(sub)
+    qualify.add_parser(sub)
     return top
 
 
 COMMANDS = {"reproduce": cmd_reproduce, "scenarios": scenarios.scenarios, "failpoints": scenarios.failpoints,
-            **tools.COMMANDS}
+            **tools.COMMANDS, "qualify": qualify.qualify}
 
 
 def main(argv: list[str] | None = None) -> int:
