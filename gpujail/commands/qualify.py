@@ -28,7 +28,7 @@ They measure, in this order (SPEC section 8, "a user's own" jail filesystem):
 The follower sends what it saw, the leader judges and sends the table back, and both print it and
 exit with the same code. The properties the reference procedure relies on (SPEC section 4) are
 REQUIRED: flock serialises (REF-5's lock), O_EXCL is atomic (REF-5's markers are created with it, so
-a node never truncates another's marker) and a write is visible at the other node's next open (the
+a node never truncates another's marker) and a new file is whole at the other node's next open (the
 re-check under the lock sees the markers the previous holder made: unseen, its O_EXCL create fails
 and the worker exits non-zero for nothing). POSIX locks, rewrites and detachment are reported, not
 required: the procedure uses flock, writes each marker once (a 0-byte placeholder is filled in place,
