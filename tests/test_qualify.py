@@ -74,11 +74,11 @@ def test_a_local_directory_qualifies_and_detaches_at_once(tmp_path):
 @pytest.fixture
 def jail_fs(request, tmp_path):
     """The jail filesystem of the test's parameter with one client per node, or a skip saying why
-    this host cannot provide it."""
+    this host cannot provide it (a failure under GPUJAIL_REQUIRE_JAILFS=1: run-tests as root)."""
     from gpujail.backends import jailfs
     reason = jailfs.unavailable(request.param)
     if reason:
-        pytest.skip(reason)
+        (pytest.fail if os.environ.get("GPUJAIL_REQUIRE_JAILFS") else pytest.skip)(reason)
     with jailfs.provide(request.param, tmp_path / "run", nodes=["n1", "n2"]) as fs:
         yield fs
         assert os.listdir(fs.jail) == [], f"qualify left {os.listdir(fs.jail)} on the jail"
