@@ -49,6 +49,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -379,9 +380,12 @@ def _machine_lock(kind: str, timeout: float) -> Iterator[None]:
 
 @contextlib.contextmanager
 def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | None = None,
-            nodes: list[str] | tuple[str, ...] = (), lock_timeout: float = 600.0) -> Iterator[JailFS]:
+            nodes: list[str] | tuple[str, ...] = (), lock_timeout: float = 600.0,
+            cache_timeout: float | None = None) -> Iterator[JailFS]:
     """The jail at `jail` (default `run_dir/jail`, created empty if missing) on file system `kind`,
-    with clients for `nodes` made up front (others on first `node_options`). See the module's doc."""
+    with clients for `nodes` made up front (others on first `node_options`). `cache_timeout`: the
+    nodes' GlusterFS clients keep dentries and attributes this many seconds before they revalidate
+    (None: GlusterFS's default, 1 s). See the module's doc."""
     reason = unavailable(kind)
     if reason:
         raise Unavailable(reason)
@@ -394,6 +398,8 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
             if kind == "gluster":
                 fs._start_gluster(lock_timeout)
                 fs._seed_through_harness_client()
+                if cache_timeout is not None:   # the nodes' clients only; the harness's keeps the default
+                    fs._mount_cmd[4] += f",entry-timeout={cache_timeout:g},attribute-timeout={cache_timeout:g}"
             elif kind == "nodelocal-locks":
                 fs._mount_cmd = ["bindfs", "-o", "fsname=gpujail-jailfs", str(jail), str(jail)]
             if kind != "local" and nodes:
@@ -406,3 +412,95 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
             fs.clients.clear()
             if kind == "gluster":
                 fs._stop_gluster()
+
+
+# -- a fleet on a jail file system -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NetFault:
+    """A fault only a network file system has (SPEC section 7), as scenario data:
+    `{ fault = "kill-brick" | "latency" | "lose-client", after_ready = N, hold = SECONDS, worker = "w1",
+    ms = 40 }`: once N workers have reported ready (0: at once), the fault starts; after `hold`
+    seconds it clears (the brick restarts, the latency goes; a lost client is never given back to
+    its node: the node's replacement gets a fresh one)."""
+    fault: str
+    after_ready: int = 1
+    hold: float = 1.0
+    worker: str = ""
+    ms: float = 0.0
+
+
+NET_FAULTS = ("kill-brick", "latency", "lose-client")
+# The suites' nodes revalidate at every lookup: a file another node removed is then detached at the
+# victim's very next probe (K-2 still: at its lookup, not at the unlink). With GlusterFS's default
+# 1 s cache, a loss in a run's last second would show only after the run, when nobody looks.
+CHAOS_CACHE_TIMEOUT = 0.0
+
+
+def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] = ()):
+    """`base` (kernel.Fleet) whose fleets see the jail on `kind`: `recording(jail, run_dir, seed)`
+    provides the file system around the fleet's life (see the module's doc), and `faults` are
+    injected from a thread while it runs, each recorded as `jailfs.fault` and `jailfs.clear`."""
+    if kind == "local" and not faults:
+        return base
+
+    class OnJailFS(base):
+        jail_fs = kind
+
+        def __enter__(self):
+            self._fs_cm = provide(kind, self.env_run_dir(), self.jail, cache_timeout=CHAOS_CACHE_TIMEOUT)
+            self.jailfs = self._fs_cm.__enter__()
+            self._stop = threading.Event()
+            self._nemesis = [threading.Thread(target=self._inject, args=(f,), daemon=True) for f in faults]
+            for t in self._nemesis:
+                t.start()
+            return super().__enter__()
+
+        def env_run_dir(self) -> Path:
+            from gpujail.world import history
+            hist = self.env.get(history.ENV)
+            return Path(hist).parent if hist else self.jail.parent
+
+        def _inject(self, f: NetFault) -> None:
+            from gpujail.world import history
+            hist = self.env.get(history.ENV)
+            log = lambda k, **kw: history.append(hist, k, node="host", **kw)   # noqa: E731
+            while not self._stop.is_set() and f.after_ready and \
+                    sum(1 for e in history.load(hist or "") if e.get("kind") == "worker.ready") < f.after_ready:
+                self._stop.wait(0.02)
+            if self._stop.is_set():
+                return
+            fs = self.jailfs
+            if f.fault == "kill-brick":
+                pids = fs.kill_brick()
+            elif f.fault == "latency":
+                fs.set_latency(f.ms)
+                pids = []
+            else:
+                pids = fs.lose_client(f.worker)
+            log("jailfs.fault", fault=f.fault, worker=f.worker, pids=pids)
+            self._stop.wait(f.hold)
+            if f.fault == "kill-brick":
+                fs.restart_brick()
+            elif f.fault == "latency":
+                fs.set_latency(0)
+            log("jailfs.clear", fault=f.fault, worker=f.worker)
+
+        def leftovers(self) -> list[str]:
+            return super().leftovers() + self._fs_left
+
+        def __exit__(self, *exc):
+            self._stop.set()
+            try:
+                super().__exit__(*exc)
+            finally:
+                for t in self._nemesis:
+                    t.join(timeout=CALL_TIMEOUT)
+                fs = self.jailfs
+                self._fs_cm.__exit__(*exc)
+                self._fs_left = fs.leftovers()
+
+        _fs_left: list[str] = []
+
+    OnJailFS.__name__ = f"{base.__name__}On{kind.title().replace('-', '')}"
+    return OnJailFS
