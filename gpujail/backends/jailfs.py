@@ -227,6 +227,11 @@ class JailFS:
         pids = self.brick_pids()
         for pid in pids:
             _kill(pid)
+        # A killed brick may stay a zombie (its reaper is whoever adopted the daemon), and glusterd
+        # takes a pid file naming an existing /proc entry for a running brick: without the file,
+        # `volume start force` starts a new one.
+        for f in (self.run_dir / "gluster/run/vols" / self.volume).glob("*.pid"):
+            f.unlink(missing_ok=True)
         return pids
 
     def restart_brick(self) -> None:
@@ -262,17 +267,33 @@ class JailFS:
         if self._glusterd and self._glusterd.poll() is None:
             out.append(f"glusterd (pid {self._glusterd.pid})")
         marker = str(self.run_dir)
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                with contextlib.suppress(OSError):
-                    cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-                    if marker in cmd and re.search(r"gluster|bindfs", cmd) and _alive(int(d)):
-                        out.append(f"process {d}: {cmd.strip()[:200]}")
+        out += [f"process {pid}: {cmd[:200]}" for pid, cmd in self._daemons()]
         with open("/proc/self/mountinfo") as f:
             out += [f"host mount {ln.split()[4]}" for ln in f if ln.split()[4].startswith(marker)]
         if GLUSTER_RUN.is_dir() and self.kind == "gluster":
             out += [f"{GLUSTER_RUN / n} (left by glusterd)" for n in set(os.listdir(GLUSTER_RUN)) - self._run_before]
         return sorted(set(out))
+
+    def _daemons(self) -> list[tuple[int, str]]:
+        """(pid, command line) of every live GlusterFS or bindfs process of this run (named by its paths)."""
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                with contextlib.suppress(OSError):
+                    cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
+                    if str(self.run_dir) in cmd and re.search(r"gluster|bindfs", cmd) and _alive(int(d)):
+                        out.append((int(d), cmd))
+        return out
+
+    def _end_daemons(self) -> None:
+        """The last step down: a client daemon still running once its mounts are gone (one that
+        was talking to a killed brick may linger) is stopped by its pid."""
+        deadline = time.monotonic() + 5
+        while self._daemons() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid, _ in self._daemons():
+            _kill(pid, signal.SIGTERM, wait=3)
+            _kill(pid)
 
     # -- up and down ---------------------------------------------------------------------------------
 
@@ -298,17 +319,17 @@ end-volume
                                            "-l", str(g / "log/glusterd.log"), "--log-level", "WARNING"],
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                           start_new_session=True)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:
             try:
                 self._gluster("volume", "list", timeout=10)
                 break
-            except RuntimeError as e:
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
                 if self._glusterd.poll() is not None:
                     raise Unavailable(f"glusterd exited at start-up (code {self._glusterd.returncode}): "
                                       f"{self._glusterd.stderr.read().decode(errors='replace').strip()[-300:]}") from e
                 if time.monotonic() > deadline:
-                    raise Unavailable(f"glusterd did not answer within 30 s: {e}") from e
+                    raise Unavailable(f"glusterd did not answer within 60 s: {e}") from e
                 time.sleep(0.1)
         self.volume = f"gpujail{os.getpid()}x{int(time.time() * 1000) % 100000}"
         host = socket.gethostname()   # glusterd refuses localhost and loopback addresses for bricks
@@ -412,6 +433,7 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
             fs.clients.clear()
             if kind == "gluster":
                 fs._stop_gluster()
+            fs._end_daemons()
 
 
 # -- a fleet on a jail file system -------------------------------------------------------------------
