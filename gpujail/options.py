@@ -55,6 +55,9 @@ OPTIONS = [
     Option("cli", "GPUJAIL_CLI", "fake",
            "the nvidia-container-cli workers get: 'fake' (libnvidia-container 1.18's behaviour) or "
            "'fake-own-cleanup' (upstream issue #377's proposal: its cleanup removes only what it created)"),
+    Option("jail-fs", "GPUJAIL_JAIL_FS", "local",
+           "the jail's file system: 'local' (one directory), 'gluster' (GlusterFS, one FUSE client per node) "
+           "or 'nodelocal-locks' (a bindfs view per node: flock serialises only within a node); kernel backend"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
 ]
@@ -250,6 +253,17 @@ def check_cli(v: Value) -> str:
     return CLI_VARIANTS[v.text]
 
 
+def check_jail_fs(v: Value, backend: Value) -> None:
+    """--jail-fs: one of jailfs.KINDS; other than `local` only on the kernel backend (whose nodes
+    mount their own client). Whether this host can provide it is asked later (exit 3, a skip)."""
+    from gpujail.backends.jailfs import KINDS
+    if v.text not in KINDS:
+        raise BadInput(f"{v.label}: expected one of {', '.join(KINDS)}")
+    if v.text != "local" and backend.text != "kernel":
+        raise BadInput(f"{v.label}: needs --backend kernel (given {backend.text!r}): only its nodes mount their "
+                       "own client of the jail")
+
+
 def check_self_checks(v: Value) -> None:
     if v.text not in SELF_CHECK_MODES:
         raise BadInput(f"{v.label}: expected one of {', '.join(SELF_CHECK_MODES)}")
@@ -289,5 +303,6 @@ def check_all(read) -> tuple[dict[str, Value], dict]:
     check_seconds(values["start-timeout"])
     check_cli(values["cli"])
     check_self_checks(values["self-checks"])
+    check_jail_fs(values["jail-fs"], values["backend"])
     check_impl(values["impl"])
     return values, load_expectations(values["expectations"])

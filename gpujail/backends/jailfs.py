@@ -49,6 +49,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -226,6 +227,11 @@ class JailFS:
         pids = self.brick_pids()
         for pid in pids:
             _kill(pid)
+        # A killed brick may stay a zombie (its reaper is whoever adopted the daemon), and glusterd
+        # takes a pid file naming an existing /proc entry for a running brick: without the file,
+        # `volume start force` starts a new one.
+        for f in (self.run_dir / "gluster/run/vols" / self.volume).glob("*.pid"):
+            f.unlink(missing_ok=True)
         return pids
 
     def restart_brick(self) -> None:
@@ -261,17 +267,33 @@ class JailFS:
         if self._glusterd and self._glusterd.poll() is None:
             out.append(f"glusterd (pid {self._glusterd.pid})")
         marker = str(self.run_dir)
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                with contextlib.suppress(OSError):
-                    cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-                    if marker in cmd and re.search(r"gluster|bindfs", cmd) and _alive(int(d)):
-                        out.append(f"process {d}: {cmd.strip()[:200]}")
+        out += [f"process {pid}: {cmd[:200]}" for pid, cmd in self._daemons()]
         with open("/proc/self/mountinfo") as f:
             out += [f"host mount {ln.split()[4]}" for ln in f if ln.split()[4].startswith(marker)]
         if GLUSTER_RUN.is_dir() and self.kind == "gluster":
             out += [f"{GLUSTER_RUN / n} (left by glusterd)" for n in set(os.listdir(GLUSTER_RUN)) - self._run_before]
         return sorted(set(out))
+
+    def _daemons(self) -> list[tuple[int, str]]:
+        """(pid, command line) of every live GlusterFS or bindfs process of this run (named by its paths)."""
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                with contextlib.suppress(OSError):
+                    cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
+                    if str(self.run_dir) in cmd and re.search(r"gluster|bindfs", cmd) and _alive(int(d)):
+                        out.append((int(d), cmd))
+        return out
+
+    def _end_daemons(self) -> None:
+        """The last step down: a client daemon still running once its mounts are gone (one that
+        was talking to a killed brick may linger) is stopped by its pid."""
+        deadline = time.monotonic() + 5
+        while self._daemons() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid, _ in self._daemons():
+            _kill(pid, signal.SIGTERM, wait=3)
+            _kill(pid)
 
     # -- up and down ---------------------------------------------------------------------------------
 
@@ -297,17 +319,17 @@ end-volume
                                            "-l", str(g / "log/glusterd.log"), "--log-level", "WARNING"],
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                           start_new_session=True)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:
             try:
                 self._gluster("volume", "list", timeout=10)
                 break
-            except RuntimeError as e:
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
                 if self._glusterd.poll() is not None:
                     raise Unavailable(f"glusterd exited at start-up (code {self._glusterd.returncode}): "
                                       f"{self._glusterd.stderr.read().decode(errors='replace').strip()[-300:]}") from e
                 if time.monotonic() > deadline:
-                    raise Unavailable(f"glusterd did not answer within 30 s: {e}") from e
+                    raise Unavailable(f"glusterd did not answer within 60 s: {e}") from e
                 time.sleep(0.1)
         self.volume = f"gpujail{os.getpid()}x{int(time.time() * 1000) % 100000}"
         host = socket.gethostname()   # glusterd refuses localhost and loopback addresses for bricks
@@ -379,9 +401,12 @@ def _machine_lock(kind: str, timeout: float) -> Iterator[None]:
 
 @contextlib.contextmanager
 def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | None = None,
-            nodes: list[str] | tuple[str, ...] = (), lock_timeout: float = 600.0) -> Iterator[JailFS]:
+            nodes: list[str] | tuple[str, ...] = (), lock_timeout: float = 600.0,
+            cache_timeout: float | None = None) -> Iterator[JailFS]:
     """The jail at `jail` (default `run_dir/jail`, created empty if missing) on file system `kind`,
-    with clients for `nodes` made up front (others on first `node_options`). See the module's doc."""
+    with clients for `nodes` made up front (others on first `node_options`). `cache_timeout`: the
+    nodes' GlusterFS clients keep dentries and attributes this many seconds before they revalidate
+    (None: GlusterFS's default, 1 s). See the module's doc."""
     reason = unavailable(kind)
     if reason:
         raise Unavailable(reason)
@@ -394,6 +419,8 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
             if kind == "gluster":
                 fs._start_gluster(lock_timeout)
                 fs._seed_through_harness_client()
+                if cache_timeout is not None:   # the nodes' clients only; the harness's keeps the default
+                    fs._mount_cmd[4] += f",entry-timeout={cache_timeout:g},attribute-timeout={cache_timeout:g}"
             elif kind == "nodelocal-locks":
                 fs._mount_cmd = ["bindfs", "-o", "fsname=gpujail-jailfs", str(jail), str(jail)]
             if kind != "local" and nodes:
@@ -406,3 +433,96 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
             fs.clients.clear()
             if kind == "gluster":
                 fs._stop_gluster()
+            fs._end_daemons()
+
+
+# -- a fleet on a jail file system -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NetFault:
+    """A fault only a network file system has (SPEC section 7), as scenario data:
+    `{ fault = "kill-brick" | "latency" | "lose-client", after_ready = N, hold = SECONDS, worker = "w1",
+    ms = 40 }`: once N workers have reported ready (0: at once), the fault starts; after `hold`
+    seconds it clears (the brick restarts, the latency goes; a lost client is never given back to
+    its node: the node's replacement gets a fresh one)."""
+    fault: str
+    after_ready: int = 1
+    hold: float = 1.0
+    worker: str = ""
+    ms: float = 0.0
+
+
+NET_FAULTS = ("kill-brick", "latency", "lose-client")
+# The suites' nodes revalidate at every lookup: a file another node removed is then detached at the
+# victim's very next probe (K-2 still: at its lookup, not at the unlink). With GlusterFS's default
+# 1 s cache, a loss in a run's last second would show only after the run, when nobody looks.
+CHAOS_CACHE_TIMEOUT = 0.0
+
+
+def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] = ()):
+    """`base` (kernel.Fleet) whose fleets see the jail on `kind`: `recording(jail, run_dir, seed)`
+    provides the file system around the fleet's life (see the module's doc), and `faults` are
+    injected from a thread while it runs, each recorded as `jailfs.fault` and `jailfs.clear`."""
+    if kind == "local" and not faults:
+        return base
+
+    class OnJailFS(base):
+        jail_fs = kind
+
+        def __enter__(self):
+            self._fs_cm = provide(kind, self.env_run_dir(), self.jail, cache_timeout=CHAOS_CACHE_TIMEOUT)
+            self.jailfs = self._fs_cm.__enter__()
+            self._stop = threading.Event()
+            self._nemesis = [threading.Thread(target=self._inject, args=(f,), daemon=True) for f in faults]
+            for t in self._nemesis:
+                t.start()
+            return super().__enter__()
+
+        def env_run_dir(self) -> Path:
+            from gpujail.world import history
+            hist = self.env.get(history.ENV)
+            return Path(hist).parent if hist else self.jail.parent
+
+        def _inject(self, f: NetFault) -> None:
+            from gpujail.world import history
+            hist = self.env.get(history.ENV)
+            log = lambda k, **kw: history.append(hist, k, node="host", **kw)   # noqa: E731
+            while not self._stop.is_set() and f.after_ready and \
+                    sum(1 for e in history.load(hist or "") if e.get("kind") == "worker.ready") < f.after_ready:
+                self._stop.wait(0.02)
+            if self._stop.is_set():
+                return
+            fs = self.jailfs
+            if f.fault == "kill-brick":
+                pids = fs.kill_brick()
+            elif f.fault == "latency":
+                fs.set_latency(f.ms)
+                pids = []
+            else:
+                pids = fs.lose_client(f.worker)
+            log("jailfs.fault", fault=f.fault, worker=f.worker, pids=pids)
+            self._stop.wait(f.hold)
+            if f.fault == "kill-brick":
+                fs.restart_brick()
+            elif f.fault == "latency":
+                fs.set_latency(0)
+            log("jailfs.clear", fault=f.fault, worker=f.worker)
+
+        def leftovers(self) -> list[str]:
+            return super().leftovers() + self._fs_left
+
+        def __exit__(self, *exc):
+            self._stop.set()
+            try:
+                super().__exit__(*exc)
+            finally:
+                for t in self._nemesis:
+                    t.join(timeout=CALL_TIMEOUT)
+                fs = self.jailfs
+                self._fs_cm.__exit__(*exc)
+                self._fs_left = fs.leftovers()
+
+        _fs_left: list[str] = []
+
+    OnJailFS.__name__ = f"{base.__name__}On{kind.title().replace('-', '')}"
+    return OnJailFS
