@@ -10,9 +10,10 @@ Each example gets a fresh shared directory and a fresh host directory, in both w
 The same comparison runs against GlusterFS (SPEC K-2), with the model's `ModelFS(detach="lookup")`:
 one volume, one FUSE client per agent (gpujail/backends/jailfs.py's client holders; each agent
 enters its node's namespace, then makes its own private one), the host directory on local disk.
-The clients cache nothing (entry, attribute and negative timeouts 0, the volume's md-cache off):
-the model has no clock, so "the next lookup" must mean the next one, not the first after a 1 s
-cache expires (with the defaults, a lookup within that second still sees the mount; SPEC K-2).
+The clients cache nothing (entry and attribute timeouts 0, and the volume's md-cache timeout 0:
+without the last, a lookup within a second of the unlink is still answered from md-cache and sees
+the mount): the model has no clock, so "the next lookup" must mean the next one, not the first
+after a cache expires (with the defaults, about a second; SPEC K-2).
 """
 from __future__ import annotations
 
@@ -198,7 +199,6 @@ def test_the_seed_bug_sequence_agrees(kernel_pair):
 
 # -- against GlusterFS: detachment at the victim's next lookup (K-2) -------------------------------
 
-UNCACHED = "entry-timeout=0,attribute-timeout=0,negative-timeout=0"
 # K-2 shows only when a node reads its mount table after another's unlink and before its own next
 # lookup: the K-2 story's verbs far more often, or few sequences tell K-1 from K-2 (the K-1 model
 # passed 150 examples of `ops` against gluster).
@@ -216,11 +216,10 @@ def gluster_pair(tmp_path_factory):
     if reason:   # a failure where it must run (run-tests as root sets GPUJAIL_REQUIRE_JAILFS=1)
         (pytest.fail if os.environ.get("GPUJAIL_REQUIRE_JAILFS") else pytest.skip)(f"GlusterFS fidelity: {reason}")
     run = tmp_path_factory.mktemp("fidelity-gluster")
-    with jailfs.provide("gluster", run) as fs:
-        # No client caches (see the top of this file). jailfs has no option for it yet: its
-        # mount command and volume are set here, before the first node's client is mounted.
-        fs._mount_cmd[fs._mount_cmd.index("-o") + 1] += "," + UNCACHED
-        fs._gluster("volume", "set", fs.volume, "performance.stat-prefetch", "off")
+    with jailfs.provide("gluster", run, cache_timeout=0) as fs:
+        # No client caches (see the top of this file). cache_timeout sets the FUSE timeouts only:
+        # md-cache is the volume's, set here before the first node's client is mounted.
+        fs._gluster("volume", "set", fs.volume, "performance.md-cache-timeout", "0")
         agents = [subprocess.Popen(["nsenter", f"--mount={fs.node_options(node)['mount_ns']}", sys.executable,
                                     __file__, "agent"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                    cwd=os.path.dirname(os.path.dirname(__file__))) for node in ("n1", "n2")]
