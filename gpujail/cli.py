@@ -43,12 +43,12 @@ from gpujail.commands import (
     check_backend,
     interrupted_code,
     load_scenario,
+    qualify,
     scenarios,
     silence_outputs,
     stop_on_signals,
     tools,
 )
-from gpujail.commands import qualify
 from gpujail.commands import run as running
 from gpujail.spec import EXIT
 
