@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -112,6 +113,28 @@ def test_no_partner_is_inconclusive_and_leaves_nothing(tmp_path):
     assert p.returncode == EXIT["inconclusive"], (stdout, stderr)
     assert stderr.count("\n") == 1 and "no partner came within 0.5 s" in stderr, stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_leaders_rendezvous_is_taken_over_and_removed(tmp_path):
+    """A leader SIGKILLed while waiting leaves its rendezvous file and run directory; once the file
+    has expired, the next pair removes both and qualifies."""
+    p = qualify(tmp_path, "--timeout", "1")
+    assert "waiting up to 1 s" in p.stdout.readline()
+    p.kill()
+    p.communicate(timeout=60)
+    assert len(os.listdir(tmp_path)) == 2, "the killed leader left its rendezvous file and run directory"
+    time.sleep(1.1)   # not a time assertion: the killed leader's rendezvous file must have expired
+    code, out = both_agree(pair(tmp_path))
+    assert code == EXIT["passed"], out
+    assert os.listdir(tmp_path) == [], f"left {os.listdir(tmp_path)}"
+
+
+def test_a_foreign_rendezvous_file_is_bad_input(tmp_path):
+    (tmp_path / ".gpujail-qualify").write_text('{"run": "../../etc", "expires": 0}')
+    r = subprocess.run([sys.executable, "-m", "gpujail", "qualify", str(tmp_path), "--timeout", "5"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == EXIT["bad-input"] and "not a qualify rendezvous file" in r.stderr, r
+    assert os.listdir(tmp_path) == [".gpujail-qualify"], "a file qualify did not make is left alone"
 
 
 def test_an_interrupted_leader_leaves_nothing(tmp_path):

@@ -47,6 +47,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import secrets
 import socket
 import tempfile
@@ -191,9 +192,13 @@ class Side:
                 leader = json.loads(f.read())
         except (OSError, ValueError):
             return None   # gone, or its leader has not written it yet
-        if leader["expires"] < time.time():   # its leader gave up or was killed: take over
-            with suppress(FileNotFoundError):
-                os.unlink(rendezvous)
+        if not (isinstance(leader, dict) and re.fullmatch(rf"{re.escape(RENDEZVOUS)}-[0-9a-f]{{8}}", str(leader.get("run")))
+                and isinstance(leader.get("expires"), (int, float))):
+            raise Stop("bad-input", f"gpujail qualify: {rendezvous}: not a qualify rendezvous file (remove it)")
+        if leader["expires"] < time.time():   # its leader was killed before it could clean: take over
+            stale = cls(root, "leader", os.path.join(root, leader["run"]), timeout)
+            stale.created.append(rendezvous)
+            stale.clean()
             return None
         side = cls(root, "follower", os.path.join(root, leader["run"]), timeout)
         side.partner = leader["leader"]
@@ -240,7 +245,7 @@ class Side:
             with suppress(OSError):
                 os.rmdir(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
         if self.role == "leader" and os.path.isdir(self.run_dir):
-            for name in os.listdir(self.run_dir):
+            for name in os.listdir(self.run_dir):   # the protocol's files only: no directories
                 with suppress(OSError):
                     os.unlink(self.path(name))
             with suppress(OSError):
