@@ -24,16 +24,16 @@ from gpujail.spec import EXIT
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def qualify(path, *args: str, ns: str | None = None, **popen) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "gpujail", "qualify", str(path), *args]
+def qualify(path, *args: str, ns: str | None = None, prefix=(), **popen) -> subprocess.Popen:
+    argv = [*prefix, sys.executable, "-m", "gpujail", "qualify", str(path), *args]
     if ns is not None:
         argv = ["nsenter", f"--mount={ns}", *argv]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, **popen)
 
 
-def pair(path, namespaces=(None, None)) -> list[tuple[int, str, str]]:
+def pair(path, namespaces=(None, None), prefix=()) -> list[tuple[int, str, str]]:
     """Both sides, started together; (exit code, stdout, stderr) of each."""
-    procs = [qualify(path, "--timeout", "60", ns=ns) for ns in namespaces]
+    procs = [qualify(path, "--timeout", "60", ns=ns, prefix=prefix) for ns in namespaces]
     out = []
     try:
         for p in procs:
@@ -105,6 +105,17 @@ def test_node_local_locks_do_not_qualify(jail_fs):
     assert row(out, "flock").startswith("no:"), out
     assert "NOT safe" in out and "not: flock serialises across nodes" in out, out
     assert "O_EXCL is atomic" not in out.split("verdict:")[1], "only flock fails on bindfs views of one directory"
+
+
+def test_without_a_private_mount_namespace_detachment_is_not_measured(tmp_path):
+    """Without CAP_SYS_ADMIN (setpriv drops it from the bounding set) there is no namespace to
+    bind-mount in: the row says so and how to get one, and the verdict does not depend on it."""
+    if os.getuid() != 0:
+        pytest.skip("dropping CAP_SYS_ADMIN with setpriv needs root to start from")
+    code, out = both_agree(pair(tmp_path, prefix=["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]))
+    assert code == EXIT["passed"], out
+    assert row(out, "detach").startswith("not measured: no private mount namespace") and "unshare -Urm" in out, out
+    assert os.listdir(tmp_path) == []
 
 
 def test_no_partner_is_inconclusive_and_leaves_nothing(tmp_path):
