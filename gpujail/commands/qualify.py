@@ -83,8 +83,8 @@ class Partner(Exception):
 def add_parser(sub) -> None:
     q = sub.add_parser("qualify", help="is a shared filesystem safe for the procedure? (run on two nodes)",
                        description=HELP)
-    q.add_argument("path", help="a writable directory on the shared filesystem, the same one on both nodes")
-    q.add_argument("--timeout", type=float, default=120.0,
+    q.add_argument("path", metavar="PATH", help="a writable directory on the shared filesystem, the same one on both nodes")
+    q.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                    help="seconds to wait for the partner, to arrive and at each step (default 120)")
 
 
