@@ -441,12 +441,14 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
 @dataclass(frozen=True)
 class NetFault:
     """A fault only a network file system has (SPEC section 7), as scenario data:
-    `{ fault = "kill-brick" | "latency" | "lose-client", after_ready = N, hold = SECONDS, worker = "w1",
-    ms = 40 }`: once N workers have reported ready (0: at once), the fault starts; after `hold`
+    `{ fault = "kill-brick" | "latency" | "lose-client", after_ready = N, delay = SECONDS, hold = SECONDS,
+    worker = "w1", ms = 40 }`: `delay` seconds after N workers have reported ready (0: after the
+    first start began), the fault starts; after `hold`
     seconds it clears (the brick restarts, the latency goes; a lost client is never given back to
     its node: the node's replacement gets a fresh one)."""
     fault: str
     after_ready: int = 1
+    delay: float = 0.0     # seconds after the trigger
     hold: float = 1.0
     worker: str = ""
     ms: float = 0.0
@@ -472,11 +474,26 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
         def __enter__(self):
             self._fs_cm = provide(kind, self.env_run_dir(), self.jail, cache_timeout=CHAOS_CACHE_TIMEOUT)
             self.jailfs = self._fs_cm.__enter__()
-            self._stop = threading.Event()
+            self._stop, self._faulty = threading.Event(), threading.Event()
             self._nemesis = [threading.Thread(target=self._inject, args=(f,), daemon=True) for f in faults]
             for t in self._nemesis:
                 t.start()
             return super().__enter__()
+
+        def start(self, node_id: str, *args, **kw):
+            """A node is started through its client; while a fault keeps the jail unreachable the
+            node cannot be set up (its /dev and /run are bound into the jail), and it is set up
+            again once the fault clears, as an orchestrator retries a container it could not create."""
+            while True:
+                try:
+                    return super().start(node_id, *args, **kw)
+                except RuntimeError as e:
+                    if "Transport endpoint is not connected" not in str(e) or not self._faulty.is_set():
+                        raise
+                    self.nodes = [n for n in self.nodes if n.alive]
+                    while self._faulty.is_set() and not self._stop.is_set():
+                        self._stop.wait(0.05)
+                    self._stop.wait(0.5)   # the clients reconnect (GlusterFS: about a second)
 
         def env_run_dir(self) -> Path:
             from gpujail.world import history
@@ -487,12 +504,13 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             from gpujail.world import history
             hist = self.env.get(history.ENV)
             log = lambda k, **kw: history.append(hist, k, node="host", **kw)   # noqa: E731
-            while not self._stop.is_set() and f.after_ready and \
-                    sum(1 for e in history.load(hist or "") if e.get("kind") == "worker.ready") < f.after_ready:
+            kind, n = ("worker.ready", f.after_ready) if f.after_ready else ("worker.start", 1)
+            while not self._stop.is_set() and sum(1 for e in history.load(hist or "") if e.get("kind") == kind) < n:
                 self._stop.wait(0.02)
-            if self._stop.is_set():
+            if self._stop.wait(f.delay) or self._stop.is_set():
                 return
             fs = self.jailfs
+            self._faulty.set()
             if f.fault == "kill-brick":
                 pids = fs.kill_brick()
             elif f.fault == "latency":
@@ -507,6 +525,7 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             elif f.fault == "latency":
                 fs.set_latency(0)
             log("jailfs.clear", fault=f.fault, worker=f.worker)
+            self._faulty.clear()
 
         def leftovers(self) -> list[str]:
             return super().leftovers() + self._fs_left
