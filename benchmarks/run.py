@@ -26,6 +26,8 @@ absolute times drift on shared machines. `--quick` repeats less (a smoke run, al
   suites       the default self-test run (from a checkout only: tests/ is not installed) and the
                default chaos set under pytest -n auto
   memory       peak memory of a 128-worker run (harness and every node process)
+  qualify      `gpujail qualify` wall time (two processes, start to both exits) per jail filesystem:
+               local, gluster, nodelocal-locks (one client per side), against local
 """
 from __future__ import annotations
 
@@ -374,8 +376,35 @@ def tree_pss(root: int) -> tuple[int, int]:
     return total, count
 
 
+def qualify(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """`gpujail qualify` run by two processes, each through its own client of the jail filesystem
+    (gpujail/backends/jailfs.py): wall time from both starting to both exiting, and the exit code."""
+    from gpujail.backends import jailfs
+    walls: dict[str, list[float]] = {}
+    codes: dict[str, set[int]] = {}
+    rows = []
+    for kind in jailfs.KINDS:
+        reason = jailfs.unavailable(kind)
+        if reason:
+            rows.append(Row(f"qualify wall time, {kind}", f"not measured: {reason}"))
+            continue
+        with jailfs.provide(kind, tmp / kind, nodes=["n1", "n2"]) as fs:
+            for _ in range(1 if quick else 3):
+                t = time.monotonic()
+                procs = [subprocess.Popen(([] if kind == "local" else ["nsenter", f"--mount={fs.node_options(n)['mount_ns']}"])
+                                          + [sys.executable, "-m", "gpujail", "qualify", str(fs.jail), "--timeout", "60"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for n in ("n1", "n2")]
+                codes.setdefault(kind, set()).update(p.wait(timeout=300) for p in procs)
+                walls.setdefault(kind, []).append(time.monotonic() - t)
+        base = median(walls.get("local", []))
+        rows.append(Row(f"qualify wall time, {kind} (exit {'/'.join(map(str, sorted(codes[kind])))})",
+                        ms(median(walls[kind])), "" if kind == "local" else f"local {ms(base)}",
+                        None if kind == "local" else ratio(median(walls[kind]), base)))
+    return rows, {"wall_s": walls, "exit_codes": {k: sorted(v) for k, v in codes.items()}}
+
+
 FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "windows": windows, "starts": starts, "paths": paths,
-           "docker": docker, "model": model, "suites": suites, "memory": memory}
+           "docker": docker, "model": model, "suites": suites, "memory": memory, "qualify": qualify}
 
 
 def table(rows: list[Row]) -> str:

@@ -17,6 +17,8 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     upgraded_jail = false      # true: a `legacy` worker brings the jail up first and stays ready (REF-3)
     cuda_image = false         # true: the jail holds usr/local/cuda/compat libraries (REF-6)
     ldconfig = { view = "blind", every = 0.05, hold_lock = true }   # an ldconfig nemesis during the run
+    jail_fs = "gluster"        # pins the jail's file system (gpujail/backends/jailfs.py); "" = --jail-fs
+    net_faults = [{ fault = "kill-brick", after_ready = 0, delay = 0.3, hold = 2.0 }]   # network faults (jailfs.NetFault)
     populate_cleanup = false   # true: run the implementation's populate-jail cleanup first
     max_restarts = 3
     transient_only = true      # INV-2 applies: every worker must end ready
@@ -58,7 +60,7 @@ DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
         "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "hostile_links",
-        "windows", "probe_sonames", "upgraded_jail", "cuda_image", "ldconfig"}
+        "windows", "probe_sonames", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults"}
 
 
 class ScenarioError(ValueError):
@@ -111,6 +113,8 @@ class Scenario:
     # the ldconfig nemesis: {view = "blind" | "gpu", every = seconds, version = "..." (gpu view),
     # hold_lock = true: it runs ldconfig holding etc/complement_jail_ldconfig.lock, like the lock winner}
     ldconfig: dict = field(default_factory=dict)
+    jail_fs: str = ""            # the jail's file system this scenario needs ("": the run's --jail-fs)
+    net_faults: list = field(default_factory=list)   # faults only a network jail has (jailfs.NetFault)
 
     @property
     def workers(self) -> list[tuple[str, str, str | None]]:
@@ -197,7 +201,19 @@ def load(source: str | Path) -> Scenario:
             continue
         if f.failpoint not in REGISTRY:
             raise ScenarioError(f"{path}: fault on unknown failpoint {f.failpoint!r}")
+    from gpujail.chaos.checkers import network  # noqa: F401 (registers the network faults' windows)
     from gpujail.chaos.checkers.windows import WINDOWS
+    if scenario.jail_fs or scenario.net_faults:
+        from gpujail.backends.jailfs import KINDS, NET_FAULTS, NetFault
+        if scenario.jail_fs and scenario.jail_fs not in KINDS:
+            raise ScenarioError(f"{path}: jail_fs {scenario.jail_fs!r}, expected one of {', '.join(KINDS)}")
+        try:
+            scenario.net_faults = [NetFault(**f) for f in scenario.net_faults]
+        except TypeError as e:
+            raise ScenarioError(f"{path}: net_faults: {e}") from None
+        bad = [f.fault for f in scenario.net_faults if f.fault not in NET_FAULTS]
+        if bad:
+            raise ScenarioError(f"{path}: net_faults: unknown fault(s) {', '.join(bad)} (known: {', '.join(NET_FAULTS)})")
     unknown_windows = [w for w in scenario.windows if w not in WINDOWS]
     if unknown_windows:
         raise ScenarioError(f"{path}: unknown window(s) {', '.join(unknown_windows)} (known: {', '.join(WINDOWS)})")

@@ -12,6 +12,7 @@ How this works
     gpujail check HISTORY.jsonl [FINAL_STATE.json] [--timeline OUT.html]
     gpujail explore find|replay IMPL ...
     gpujail bench [--quick] [--only FIGURE ...]
+    gpujail qualify PATH [--timeout SECONDS]      (on two nodes sharing PATH)
 
 This module parses the command line and checks the input a subcommand depends on (the
 implementation, the backend, the expectations file: the same checks as the pytest plugin's, so a
@@ -42,6 +43,7 @@ from gpujail.commands import (
     check_backend,
     interrupted_code,
     load_scenario,
+    qualify,
     scenarios,
     silence_outputs,
     stop_on_signals,
@@ -73,11 +75,24 @@ def expectations_for(impl: str, given: str | None) -> str:
     return given
 
 
+def check_jail_fs(kind: str, backend: str) -> None:
+    """--jail-fs: a known kind on a backend that can mount it (exit 2), that this host can provide (exit 3)."""
+    from gpujail.backends import jailfs
+    try:
+        options.check_jail_fs(options.flag("jail-fs", kind), options.flag("backend", backend))
+    except options.BadInput as e:
+        raise Stop("bad-input", str(e)) from None
+    reason = jailfs.unavailable(kind)
+    if reason:
+        raise Stop("backend", f"--jail-fs {kind}: {reason}")
+
+
 # -- the subcommands that need these checks --------------------------------------------------
 
 def cmd_run(args, pytest_args: list[str]) -> int:
     check_impl(args.impl)
     check_backend(args.backend)
+    check_jail_fs(args.jail_fs, args.backend)
     try:
         options.check_workers(options.flag("workers", args.workers))
         options.check_seconds(options.flag("start-timeout", args.start_timeout))
@@ -125,6 +140,7 @@ def parser() -> Parser:
     run.add_argument("--seed", type=int, default=env["seed"], help=help_of["seed"])
     run.add_argument("--workers", default=env["workers"], help=help_of["workers"])
     run.add_argument("--start-timeout", default=env["start-timeout"], help=help_of["start-timeout"])
+    run.add_argument("--jail-fs", default=env["jail-fs"], help=help_of["jail-fs"])
     run.add_argument("--cli", default=env["cli"], choices=list(options.CLI_VARIANTS), help=help_of["cli"])
     run.add_argument("--reports", default="reports", help="directory for the reports (default: reports)")
     run.add_argument("-n", "--jobs", default="auto", help="pytest-xdist processes (default: auto)")
@@ -144,11 +160,12 @@ def parser() -> Parser:
     sc.add_argument("files", nargs="*", help="scenario TOML files to check and describe instead")
     sub.add_parser("failpoints", help="list the failpoints and the GPUJAIL_FAILPOINTS term syntax")
     tools.add_parsers(sub)
+    qualify.add_parser(sub)
     return top
 
 
 COMMANDS = {"reproduce": cmd_reproduce, "scenarios": scenarios.scenarios, "failpoints": scenarios.failpoints,
-            **tools.COMMANDS}
+            **tools.COMMANDS, "qualify": qualify.qualify}
 
 
 def main(argv: list[str] | None = None) -> int:

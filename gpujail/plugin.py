@@ -260,14 +260,14 @@ class Suite:
     @pytest.fixture
     def fleet(self, jail, run_dir):
         """Kernel-backend nodes on `jail`; all killed (namespaces, mounts, processes) at teardown."""
-        with backend_fleet("kernel").recording(jail, run_dir, "0") as f:
+        with on_jail_fs(backend_fleet("kernel"), self.value("jail-fs")).recording(jail, run_dir, "0") as f:
             yield f
 
     @pytest.fixture
     def fleet_class(self):
         """The chosen backend's `Fleet` (--backend); skips the test with the reason when this build
         or this host cannot run it."""
-        return backend_fleet(self.value("backend"))
+        return on_jail_fs(backend_fleet(self.value("backend")), self.value("jail-fs"))
 
     @pytest.fixture
     def open_world(self, tmp_path, impl, fleet_class):
@@ -482,3 +482,15 @@ def backend_fleet(backend: str):
     if not hasattr(module, "Fleet"):
         pytest.skip(f"backend {backend!r} has no worker fleet: it runs its own tests (marker `model`)")
     return module.Fleet
+
+
+def on_jail_fs(fleet_class, kind: str):
+    """`fleet_class` on the jail file system `kind` (--jail-fs, gpujail/backends/jailfs.py); skips the
+    test with the reason when this host cannot provide it (a precondition, never a pass)."""
+    if kind == "local":
+        return fleet_class
+    from gpujail.backends import jailfs
+    reason = jailfs.unavailable(kind)
+    if reason:
+        pytest.skip(reason)
+    return jailfs.fleet_class(fleet_class, kind)

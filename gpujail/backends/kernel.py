@@ -201,6 +201,7 @@ class Fleet:
         if os.environ.get(history.VALIDATE_ENV):   # self-tests: the nodes' processes check their events too
             self.env.setdefault(history.VALIDATE_ENV, os.environ[history.VALIDATE_ENV])
         self.nodes: list[Node] = []
+        self.jailfs = None   # a jailfs.JailFS: each node then sees the jail through its own client
 
     @classmethod
     def recording(cls, jail: str | os.PathLike, run_dir: Path, seed: int | str = 0) -> Fleet:
@@ -215,6 +216,8 @@ class Fleet:
 
     def start(self, node_id: str, role: str = "gpu-worker", version: str | None = drivers.DEFAULT_VERSION,
               **options) -> Node:
+        if self.jailfs is not None:
+            options = {**self.jailfs.node_options(node_id), **options}
         node = Node(node_id, self.jail, role, version, {**self.env, "GPUJAIL_NODE": node_id}, options)
         self.nodes.append(node)
         return node.start()

@@ -89,6 +89,19 @@ def enter_namespaces() -> None:
     _die_with_parent()
 
 
+def enter_mount_ns(path: str) -> None:
+    """Start from another mount namespace than the harness's: one holding this node's own client of
+    a network jail (gpujail/backends/jailfs.py), so the copy this node makes sees the jail through it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _libc.setns(fd, CLONE_NEWNS) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"setns {path}: {os.strerror(e)}")
+    finally:
+        os.close(fd)
+    os.chdir("/")
+
+
 def build_view(cfg: dict) -> None:
     """The node's view of the host and of the jail, in this mount namespace only."""
     global host_view
@@ -361,6 +374,8 @@ def main() -> None:
         if container:
             sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
         else:
+            if cfg.get("mount_ns"):
+                enter_mount_ns(cfg["mount_ns"])
             enter_namespaces()
         build_view(cfg)
     except OSError as e:

@@ -65,11 +65,12 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
     paths = {k: stage / name for k, name in names.items()}
     out = terminal()
     print(f"gpujail run: {args.impl} on the {args.backend} backend"
+          + (f", jail on {args.jail_fs}" if args.jail_fs != "local" else "")
           + (f", expectations {expectations}" if expectations else ", no expectations file"), file=out)
     basetemp = scratch("run")
     argv = [*(args.tests or suites()), "-p", "no:cacheprovider", "-n", args.jobs, "--basetemp", str(basetemp),
             "--impl", args.impl, "--backend", args.backend, "--seed", str(args.seed), "--workers", str(args.workers),
-            "--start-timeout", str(args.start_timeout), "--cli", args.cli,
+            "--start-timeout", str(args.start_timeout), "--cli", args.cli, "--jail-fs", args.jail_fs,
             "--expectations", expectations, "--gpujail-report", str(paths["json"]), "--junitxml", str(paths["junit"]),
             *(["-m", args.m] if args.m else []), *(["-k", args.k] if args.k else []), *pytest_args]
     counter = TestCounter()

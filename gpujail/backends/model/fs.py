@@ -10,7 +10,12 @@ to it as openat2(RESOLVE_IN_ROOT) is (absolute links and `..` stay inside).
 
 The kernel rule the seed bug rests on (SPEC K-1) is `remove`: unlinking (or rmdir-ing) a name that
 is a mount point in the caller's own namespace fails with EBUSY; from any other namespace it
-succeeds and detaches every mount on that dentry. What a loader says about the inode a path
+succeeds and detaches every mount on that dentry. That is a local directory, where every node
+shares the same dentries. On a network filesystem each node has its own client cache (SPEC K-2):
+`ModelFS(detach="lookup")` leaves another node's mounts on the removed dentry in place, marked
+*stale* in that node's namespace, and that node's next lookup through the dentry detaches them (and
+any mount beneath it, as d_invalidate does) before resolving the name afresh: ENOENT, or the file
+created there since. The mount table shows a stale mount until then. What a loader says about the inode a path
 resolves to is `loader_view` (K-3: a 0-byte or marker-sized file is `file too short`).
 
 Nothing here schedules or records: sched.py decides who runs, sys.py turns calls into these
@@ -57,11 +62,14 @@ class ModelMount:
 
 
 class Namespace:
-    """One worker's mount table. Mounts stack per dentry; the top one is what lookups see."""
+    """One worker's mount table. Mounts stack per dentry; the top one is what lookups see. With
+    detachment at lookup (K-2), `stale` holds the dentries another node removed under its mounts:
+    dentry -> (the removed inode, its path, who removed it)."""
 
     def __init__(self, name: str):
         self.name = name
         self.mounts: dict[tuple[int, str], list[ModelMount]] = {}
+        self.stale: dict[tuple[int, str], tuple[Inode, str, str]] = {}
 
     def top(self, key) -> ModelMount | None:
         stack = self.mounts.get(key)
@@ -86,7 +94,12 @@ class Walk:
 class ModelFS:
     """The shared tree and the kernel rules on it (lookups through a namespace, K-1 detaches)."""
 
-    def __init__(self):
+    DETACH = ("unlink", "lookup")   # K-1: one local directory; K-2: a client cache per node
+
+    def __init__(self, detach: str = "unlink"):
+        if detach not in self.DETACH:
+            raise ValueError(f"ModelFS(detach={detach!r}): expected one of {', '.join(self.DETACH)}")
+        self.detach = detach
         self.root = Inode(S_IFDIR | 0o755)
         self.namespaces: list[Namespace] = []
         self.next_mount_id = 100
@@ -204,13 +217,36 @@ class ModelFS:
             raise err(errno.ENOENT, path)
         return child[0], name, child[1] or frame[2]
 
-    @staticmethod
-    def _lookup(ns: Namespace, parent: Inode, name: str) -> tuple[Inode, bool] | None:
+    def _lookup(self, ns: Namespace, parent: Inode, name: str) -> tuple[Inode, bool] | None:
+        if ns.stale:
+            self._revalidate(ns, (parent.ino, name))
         mount = ns.top((parent.ino, name))
         if mount is not None:
             return mount.source, mount.readonly
         child = parent.children.get(name)
         return None if child is None else (child, False)
+
+    def _revalidate(self, ns: Namespace, key: tuple[int, str]) -> None:
+        """K-2: this node's lookup meets a dentry another node removed. Its mounts, and every mount
+        beneath it in this namespace, are detached (d_invalidate); the lookup then goes on afresh."""
+        gone = ns.stale.pop(key, None)
+        if gone is None:
+            return
+        node, path, by = gone
+        below = [node] + [m.source for m in ns.mounts.pop(key, [])]
+        if len(below) > 1:
+            self.detached.append((ns.name, path, by))
+        seen = set()
+        while below:   # the dentries beneath, and what is mounted on them, with their own mounts
+            inode = below.pop()
+            if inode.ino in seen:
+                continue
+            seen.add(inode.ino)
+            below += (inode.children or {}).values()
+            for k in [k for k in ns.mounts if k[0] == inode.ino]:
+                ns.stale.pop(k, None)
+                below += [m.source for m in ns.mounts.pop(k)]
+                self.detached.append((ns.name, f"{path}/.../{k[1]}", by))
 
     @staticmethod
     def _path(frames, last: str | None) -> str:
@@ -249,7 +285,12 @@ class ModelFS:
         self.changing(w.parent, w.path, False)
         del w.parent.children[w.name]
         for other in self.namespaces:
-            if other is not ns and other.mounts.pop(key, None):
+            if other is ns or not other.mounts.get(key):
+                continue
+            if self.detach == "lookup":   # K-2: at that node's next lookup of the path
+                other.stale[key] = (w.node, w.path, ns.name)
+            else:                         # K-1: the same dentries everywhere, detached now
+                del other.mounts[key]
                 self.detached.append((other.name, w.path, ns.name))
 
 

@@ -51,9 +51,10 @@ _IMAGE: dict | None = None
 _FILES: dict[tuple[str, str], list[dict]] = {}
 
 
-def build(version: str, driver: tuple[str, ...] | None) -> ModelFS:
-    """The host (driver files of `version`; all of them, or only the paths in `driver`) and the jail."""
-    fs = ModelFS()
+def build(version: str, driver: tuple[str, ...] | None, detach: str = "unlink") -> ModelFS:
+    """The host (driver files of `version`; all of them, or only the paths in `driver`) and the jail,
+    on a filesystem whose remote removals detach at the unlink (K-1) or at the next lookup (K-2)."""
+    fs = ModelFS(detach)
     wanted = None if driver is None else {p.format(v=version) for p in driver}
     for f in drivers.catalogue(version):
         if wanted is not None and f.path not in wanted:
@@ -106,9 +107,10 @@ class World(Simulation):
     def __init__(self, entry: Entry, workers: int = 2, driver: tuple[str, ...] | None = SMALL_DRIVER,
                  version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility",
                  faults: dict[int, str] | None = None, crashes: dict[int, int] | None = None,
-                 schedule=(), restarts: int = 1, max_steps: int = 20000, impl: str = "model"):
+                 schedule=(), restarts: int = 1, max_steps: int = 20000, impl: str = "model",
+                 detach: str = "unlink"):
         super().__init__(schedule, max_steps)
-        self.fs = build(version, driver)
+        self.fs = build(version, driver, detach)
         self.entry, self.impl, self.capabilities, self.restarts = entry, impl, capabilities, restarts
         self.jail_before = self.fs.snapshot()
         self.workers = [Worker(self, i, f"w{i + 1}", (faults or {}).get(i, ""), (crashes or {}).get(i))

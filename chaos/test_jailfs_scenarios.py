@@ -1,0 +1,36 @@
+"""Faults only a network jail has (SPEC section 7, chaos/scenarios/jailfs/): each scenario pins its
+file system (`jail_fs`) and lists its network faults (`net_faults`: a brick killed and restarted,
+latency on the FUSE path, a node's client lost under a live worker), which the fleet injects
+(gpujail/backends/jailfs.py `fleet_class`) and records as `jailfs.fault` / `jailfs.clear`.
+
+The verdict is the chaos checker's, as for every scenario; the windows (chaos/checkers/network.py)
+say whether the fault hit what it was aimed at, else the run is INCONCLUSIVE. Where this host cannot
+provide the file system the test skips with the reason.
+"""
+from __future__ import annotations
+
+import pytest
+from gpujail.chaos import runner, scenario
+from gpujail.chaos.test_scenarios import inconclusive, judge
+
+from gpujail.backends import jailfs, kernel
+from gpujail.options import option
+
+pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-5", "INV-6")]
+DIR = scenario.DIR / "jailfs"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in DIR.glob("*.toml")))
+def test_network_fault(name, impl, artefacts_dir, request, tmp_path, workers):
+    sc = scenario.load(DIR / f"{name}.toml").with_workers(workers)
+    kind = sc.jail_fs or option(request.config, "jail-fs")
+    reason = jailfs.unavailable(kind)
+    if reason:
+        pytest.skip(reason)
+    result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")),
+                        fleet_class=jailfs.fleet_class(kernel.Fleet, kind, sc.net_faults))
+    failed, undecided = judge(result, request)
+    if failed or undecided:
+        result.keep(artefacts_dir)
+    assert not failed and not undecided, result.report()
+    inconclusive(result)

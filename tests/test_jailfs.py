@@ -1,0 +1,197 @@
+"""The jail's file systems (gpujail/backends/jailfs.py, SPEC section 8, K-1/K-2/K-4), on real parts:
+a real glusterd, volume and FUSE clients, real bindfs views, nodes in their own mount namespaces.
+
+Choreography of the two-node tests: node `a` and node `b` are kernel-backend nodes, each seeing the
+jail through its own client (`gluster`, `nodelocal-locks`) or the same directory (`local`). Shared
+slots: the jail (both nodes and the harness, which writes and unlinks through its own client), and
+for the lock test `jail/lock` (flocked by `a`, tried by `b`) and `jail/a.holds` (made by `a` once it
+holds the lock, waited for by `b`).
+
+Every test checks at the end that nothing of the file system outlived it (no host mount under the
+run, no GlusterFS or bindfs process, no socket left under /run/gluster). Without root, FUSE or the
+packages, the tests skip with the reason `jailfs.unavailable` gives.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpujail.backends import jailfs, kernel
+from gpujail.spec import EXIT
+
+KINDS = jailfs.KINDS
+
+
+def needs(kind: str):
+    reason = jailfs.unavailable(kind, install=False)
+    return pytest.mark.skipif(reason is not None, reason=str(reason))
+
+
+PARAMS = [pytest.param(k, marks=needs(k)) for k in KINDS]
+
+
+def jail_dir(tmp_path: Path) -> Path:
+    jail = tmp_path / "jail"
+    for d in ("dev", "run", "usr/lib"):
+        (jail / d).mkdir(parents=True)
+    (jail / "usr/lib/hello").write_text("seeded before the file system came up\n")
+    return jail
+
+
+def host_mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [ln.split()[4] for ln in f if ln.split()[4].startswith(str(path))]
+
+
+def two_nodes(fs, tmp_path):
+    fleet = kernel.Fleet.recording(fs.jail, tmp_path / "run")
+    fleet.jailfs = fs
+    return fleet
+
+
+def attached(node, path: Path) -> bool:
+    return any(m["mountpoint"] == str(path) for m in node.mounts())
+
+
+@pytest.mark.parametrize("kind", PARAMS)
+def test_every_node_sees_the_image_and_nothing_is_left(kind, tmp_path):
+    """The image in the jail before the file system came up is what every node sees, through its own
+    client; a write by one node is read by the other; after the context nothing is left."""
+    jail = jail_dir(tmp_path)
+    with jailfs.provide(kind, tmp_path, jail) as fs, two_nodes(fs, tmp_path) as fleet:
+        a = fleet.start("a", role="cpu-worker", version=None)
+        b = fleet.start("b", role="cpu-worker", version=None)
+        assert a.run(["cat", "usr/lib/hello"]).stdout == "seeded before the file system came up\n"
+        assert a.run(["sh", "-c", "echo from-a > usr/lib/note"]).code == 0
+        assert b.run(["cat", "usr/lib/note"]).stdout == "from-a\n"
+        assert (fs.jail / "usr/lib/note").read_text() == "from-a\n"   # the harness's view
+        on_top = [m["fstype"] for m in a.mounts(str(fs.jail)) if m["mountpoint"] == str(fs.jail)][-1]
+        assert on_top == {"local": on_top if "fuse" not in on_top else "not FUSE", "gluster": "fuse.glusterfs",
+                          "nodelocal-locks": "fuse"}[kind]
+    assert fs.leftovers() == []
+    assert host_mounts_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", PARAMS)
+def test_remote_unlink_detaches_at_once_or_at_the_next_lookup(kind, tmp_path):
+    """K-1 and K-2: a file bind-mounted in node a's namespace is unlinked by the harness (another
+    client). On `local` a's mount is gone at once; through a client of its own it stays in a's mount
+    table until a's next lookup of the path (after the client's 1 s cache), which finds the file gone
+    and detaches the mount."""
+    jail = jail_dir(tmp_path)
+    (jail / "usr/lib/libgpu.so").write_bytes(b"")
+    with jailfs.provide(kind, tmp_path, jail) as fs, two_nodes(fs, tmp_path) as fleet:
+        a = fleet.start("a", role="cpu-worker", version=None)
+        target = fs.jail / "usr/lib/libgpu.so"
+        assert a.run(["mount", "--bind", "/etc/hostname", str(target)]).code == 0
+        assert attached(a, target)
+        target.unlink()
+        if kind == "local":
+            assert not attached(a, target), "K-1: a remote unlink detaches at once on one directory"
+            return
+        assert attached(a, target), "K-2: the mount outlives the remote unlink until a's next lookup"
+        time.sleep(1.5)   # past the client's dentry cache (GlusterFS and bindfs: 1 s)
+        r = a.run(["stat", str(target)])
+        assert r.code != 0 and "No such file" in r.stderr
+        assert not attached(a, target), "K-2: the lookup that found the file gone detached the mount"
+    assert fs.leftovers() == []
+
+
+@pytest.mark.parametrize("kind,serialises", [pytest.param("local", True, marks=needs("local")),
+                                             pytest.param("gluster", True, marks=needs("gluster")),
+                                             pytest.param("nodelocal-locks", False, marks=needs("nodelocal-locks"))])
+def test_flock_across_nodes(kind, serialises, tmp_path):
+    """K-4 and section 8: node a holds `flock jail/lock` while b tries it without waiting. Through
+    one directory or two GlusterFS clients b is refused; through two bindfs views it gets it too."""
+    jail = jail_dir(tmp_path)
+    with jailfs.provide(kind, tmp_path, jail) as fs, two_nodes(fs, tmp_path) as fleet:
+        a = fleet.start("a", role="cpu-worker", version=None)
+        b = fleet.start("b", role="cpu-worker", version=None)
+        holder = threading.Thread(target=a.run, args=(["flock", "lock", "sh", "-c",
+                                                       "touch a.holds; sleep 3; rm a.holds"],))
+        holder.start()
+        try:
+            seen = b.run(["sh", "-c", "for i in $(seq 200); do [ -e a.holds ] && exit 0; sleep 0.05; done; exit 1"])
+            assert seen.code == 0, "a never took the lock"
+            tried = b.run(["flock", "-n", "lock", "true"])
+        finally:
+            holder.join()
+        assert (tried.code != 0) == serialises, f"flock -n through b: exit {tried.code}"
+    assert fs.leftovers() == []
+
+
+@needs("gluster")
+def test_brick_outage_and_restart(tmp_path):
+    """Section 7, a brick killed mid-run: every lookup through a node's client fails (ENOTCONN)
+    while a mount made before stays in its table; once the brick is restarted the node's client
+    reconnects and the jail reads again, the mount still attached."""
+    jail = jail_dir(tmp_path)
+    with jailfs.provide("gluster", tmp_path, jail) as fs, two_nodes(fs, tmp_path) as fleet:
+        a = fleet.start("a", role="cpu-worker", version=None)
+        target = fs.jail / "usr/lib/hello"
+        assert a.run(["mount", "--bind", "/etc/hostname", str(target)]).code == 0
+        assert fs.kill_brick()
+        time.sleep(1.5)   # past the client's cache: the next lookup asks the brick
+        r = a.run(["cat", str(target)])
+        assert r.code != 0 and "Transport endpoint is not connected" in r.stderr
+        fs.restart_brick()
+        for _ in range(150):   # the client reconnects on its own (GlusterFS: within a few seconds)
+            if a.run(["ls", "usr/lib"]).code == 0:
+                break
+            time.sleep(0.2)
+        assert a.run(["ls", "usr/lib"]).code == 0, "the client never reconnected after the brick restarted"
+        assert attached(a, target)
+    assert fs.leftovers() == []
+
+
+@needs("gluster")
+def test_lost_client_fails_its_node_only_and_a_replacement_gets_a_new_one(tmp_path):
+    """Section 7, a client unmounted under a live worker: node a's client daemon dies; a's jail
+    answers ENOTCONN, b's is unaffected, and a node started again as `a` gets a fresh client."""
+    jail = jail_dir(tmp_path)
+    with jailfs.provide("gluster", tmp_path, jail) as fs, two_nodes(fs, tmp_path) as fleet:
+        a = fleet.start("a", role="cpu-worker", version=None)
+        b = fleet.start("b", role="cpu-worker", version=None)
+        assert fs.lose_client("a")
+        assert "Transport endpoint is not connected" in a.run(["ls", str(fs.jail)]).stderr
+        assert b.run(["cat", "usr/lib/hello"]).code == 0
+        a.kill()
+        again = fleet.start("a", role="cpu-worker", version=None)
+        assert again.run(["cat", "usr/lib/hello"]).code == 0
+    assert fs.leftovers() == []
+
+
+@needs("gluster")
+def test_nothing_left_after_an_exception(tmp_path):
+    """An exception inside the context (a test failing mid-run) still unmounts every client, stops
+    and deletes the volume and stops glusterd."""
+    jail = jail_dir(tmp_path)
+    with pytest.raises(RuntimeError, match="mid-run"):
+        with jailfs.provide("gluster", tmp_path, jail, nodes=["a", "b"]) as fs:
+            assert len(fs.clients) == 2 and all(c.daemons() for c in fs.clients.values())
+            raise RuntimeError("mid-run")
+    assert fs.leftovers() == []
+    assert host_mounts_under(tmp_path) == []
+
+
+def test_bad_jail_fs_is_exit_2_with_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gpujail", "run", "--jail-fs", "nfs"], capture_output=True, text=True)
+    assert r.returncode == EXIT["bad-input"]
+    assert r.stderr.strip().splitlines() == ["gpujail: --jail-fs 'nfs': expected one of local, gluster, nodelocal-locks"]
+    assert jailfs.unavailable("nfs") == "unknown jail filesystem 'nfs' (expected one of local, gluster, nodelocal-locks)"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux only")
+def test_unavailable_says_why_when_not_root():
+    """Not root: no FUSE mounts in nodes' namespaces; `gpujail run` turns this into exit 3."""
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                        "from gpujail.backends import jailfs; print(jailfs.unavailable('gluster'))"],
+                       capture_output=True, text=True, cwd="/")
+    if r.returncode != 0 and "setpriv" in r.stderr:
+        pytest.skip(f"cannot drop privileges here: {r.stderr.strip()}")
+    assert r.stdout.strip() == "jail filesystem 'gluster' needs root (FUSE mounts in each node's namespace)"
