@@ -54,15 +54,11 @@ OPTIONS = [
     Option("gpujail-report", "GPUJAIL_REPORT", "", "write a JSON summary per requirement to this file"),
     Option("cli", "GPUJAIL_CLI", "fake",
            "the nvidia-container-cli workers get: 'fake' (libnvidia-container 1.18's behaviour) or "
-<<<<<<< HEAD
            "'fake-own-cleanup' (upstream issue #377's proposal: its cleanup removes only what it created), or "
            "'real' (the host's own, first on the host's PATH: on a GPU node)"),
-=======
-           "'fake-own-cleanup' (upstream issue #377's proposal: its cleanup removes only what it created)"),
     Option("jail-fs", "GPUJAIL_JAIL_FS", "local",
            "the jail's file system: 'local' (one directory), 'gluster' (GlusterFS, one FUSE client per node) "
            "or 'nodelocal-locks' (a bindfs view per node: flock serialises only within a node); kernel backend"),
->>>>>>> qualify-model
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
 ]
@@ -258,7 +254,6 @@ def check_cli(v: Value) -> str:
     return CLI_VARIANTS[v.text]
 
 
-<<<<<<< HEAD
 CLI_VARIANTS["real"] = ""   # the host's own nvidia-container-cli (first on the host's PATH), through the wrapper
 
 
@@ -280,7 +275,8 @@ def real_cli(v: Value) -> str:
         raise CliUnavailable(f"{v.label}: no nvidia-container-cli on this host's PATH (the suite's own fake does "
                              "not count); install libnvidia-container-tools, or put its directory first on PATH")
     return os.path.abspath(found)
-=======
+
+
 def check_jail_fs(v: Value, backend: Value) -> None:
     """--jail-fs: one of jailfs.KINDS; other than `local` only on the kernel backend (whose nodes
     mount their own client). Whether this host can provide it is asked later (exit 3, a skip)."""
@@ -290,7 +286,6 @@ def check_jail_fs(v: Value, backend: Value) -> None:
     if v.text != "local" and backend.text != "kernel":
         raise BadInput(f"{v.label}: needs --backend kernel (given {backend.text!r}): only its nodes mount their "
                        "own client of the jail")
->>>>>>> qualify-model
 
 
 def check_self_checks(v: Value) -> None:
