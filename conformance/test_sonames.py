@@ -5,8 +5,9 @@ The fixtures' driver libraries are the smallest ELF files the loader accepts: th
 file, in its read-write segment: libc.so.6's PT_DYNAMIC is about 1.8 MiB in, a driver's
 libnvidia-ml.so similar. An implementation that reads a soname from a library's first bytes only
 (as a quick ELF probe tends to) finds none on a real host, so its own soname mounts (REF-12) do not
-happen for that library, and the NVML soname must then come from REF-8: checked, and repaired with
-the jail's ldconfig. These tests give one node a driver whose NVML is laid out that way.
+happen for that library: one node's NVML soname then comes only from REF-8 (checked, and repaired with
+the jail's ldconfig), and on two driver versions from whichever node ran ldconfig last. These tests
+give nodes drivers whose NVML is laid out that way.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from gpujail.fixtures import drivers, elf
 
 pytestmark = pytest.mark.kernel   # a node with its own driver tree (the kernel backend's overlay)
 VERSION = drivers.DEFAULT_VERSION
-NVML = f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{VERSION}"
 DYNAMIC_AT = 2 << 20   # where libc.so.6 and a driver's NVML keep PT_DYNAMIC: about 2 MiB in
 
 
@@ -47,18 +47,38 @@ def dynamic_moved(data: bytes, at: int) -> bytes:
     return bytes(out)
 
 
-@pytest.fixture
-def real_layout_driver(tmp_path):
-    """A copy of the driver tree whose libnvidia-ml.so.<version> keeps its dynamic section 2 MiB in."""
-    tree = tmp_path / "driver"
-    shutil.copytree(drivers.materialise(VERSION), tree, symlinks=True)
-    [f] = [f for f in drivers.catalogue(VERSION) if f.path == NVML]
+def real_layout(tmp_path, version: str = VERSION) -> str:
+    """A copy of driver `version`'s tree whose libnvidia-ml.so.<version> keeps its dynamic section 2 MiB in."""
+    tree = tmp_path / f"driver-{version}"
+    shutil.copytree(drivers.materialise(version), tree, symlinks=True)
+    [f] = [f for f in drivers.catalogue(version) if f.path == f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}"]
     path = tree / drivers.tree_path(f)
-    data = dynamic_moved(drivers.content(f, VERSION), DYNAMIC_AT)
+    data = dynamic_moved(drivers.content(f, version), DYNAMIC_AT)
     assert elf.read_soname(data) == "libnvidia-ml.so.1" and elf.read_soname(data[:65536]) is None
     path.chmod(0o644)
     path.write_bytes(data)
     return str(tree)
+
+
+@pytest.fixture
+def real_layout_driver(tmp_path):
+    return real_layout(tmp_path)
+
+
+@pytest.mark.req("REF-12")
+def test_real_layout_sonames_stay_per_node_across_driver_versions(world, tmp_path):
+    """Two nodes on two driver versions, each NVML laid out like a real library (DT_SONAME 2 MiB
+    in): each ready worker's `libnvidia-ml.so.1` loads its own driver. An implementation that finds
+    sonames by reading only a library's first bytes does no soname mounts on a real host, and the
+    shared ldconfig link then points at one version only: the other node gets a marker or the
+    wrong driver (the operator's #184)."""
+    ws = [world.start(f"w{i}", version=v, node_options={"driver_tree": real_layout(tmp_path, v)})
+          for i, v in enumerate(drivers.VERSIONS)]
+    for w, v in zip(ws, drivers.VERSIONS):
+        assert w.ready, not_ready(f"REF-12 (driver {v}, NVML's dynamic section 2 MiB in)", w)
+        [r] = w.node.probe([{"path": str(world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"), "load": True}])
+        assert r["loader"] == "ok" and r.get("driver") == v, (
+            soname_broken("REF-12", w, r) + f"; driver {r.get('driver')}, its own is {v}")
 
 
 @pytest.mark.req("REF-8")

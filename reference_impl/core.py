@@ -309,7 +309,7 @@ def soname_pairs(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]
         if not (base.startswith("lib") and ".so." in base):
             continue
         try:
-            soname = read_soname(ctx.sys.read_head(host_path))
+            soname = read_soname(ctx.sys.read_image(host_path))
         except OSError as e:
             raise Fatal("bad-input", f"listed host library {host_path}: {e.strerror}") from None
         if soname and soname != base and "/" not in soname:

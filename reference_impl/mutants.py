@@ -246,6 +246,21 @@ def _soname_no_repair(core):
     _wrap(core, "ensure_soname", without_ldconfig)
 
 
+def _soname_head_only(core):
+    """Sonames read from each library's first 64 KiB, as a quick ELF probe does: a real library's
+    dynamic section lies megabytes in, so on a real host no soname is found and none mounted."""
+    def head_only(ctx, pairs):
+        class Head:
+            def __getattr__(self, name):
+                return getattr(ctx.sys, name)
+
+            def read_image(self, path):
+                return bytes(ctx.sys.read_image(path)[:65536])
+        return soname_pairs(dataclasses.replace(ctx, sys=Head()), pairs)
+    soname_pairs = core.soname_pairs
+    core.soname_pairs = head_only
+
+
 # -- the placeholder predicate (REF-9) ----------------------------------------------------------
 
 def _predicate_so_star(core):
@@ -314,6 +329,8 @@ MUTANTS = {
     "exit-code-only": ("configure's exit code 0 taken as proof: its mounts never looked at", _exit_code_only),
     "no-verify": ("fire and forget: configure's exit code ignored and nothing verified", _no_verify),
     "no-soname-check": ("libnvidia-ml.so.1 never checked (a stale linker cache goes unnoticed)", _no_soname_check),
+    "soname-head-only": ("sonames read from each library's first 64 KiB: none found in a real library",
+                         _soname_head_only),
     "soname-no-repair": ("libnvidia-ml.so.1 checked but never repaired with ldconfig", _soname_no_repair),
     "predicate-so-star": ("placeholder predicate matches *.so*: eats the ncurses linker script", _predicate_so_star),
     "predicate-no-size": ("placeholder predicate without the size bound: real libraries match", _predicate_no_size),

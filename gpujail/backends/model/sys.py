@@ -136,8 +136,8 @@ class ModelSys:
         return node.target
 
     @_op()
-    def read_head(self, path, limit=65536):
-        return self._existing(path).node.data[:limit]
+    def read_image(self, path):
+        return self._existing(path).node.data
 
     @_op()
     def realpath(self, path):
