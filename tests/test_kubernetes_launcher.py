@@ -1,0 +1,404 @@
+"""The Kubernetes launcher (gpujail/launchers/kubernetes.py), offline: no cluster runs here.
+
+- The rendered Indexed Job is compared with golden files (tests/golden/kubernetes/;
+  `GPUJAIL_UPDATE_GOLDEN=1` rewrites them) and validated, strictly (no unknown field), against the
+  Kubernetes schemas that `kubernetes-validate` bundles, with every network connection refused.
+- The client code runs the official `kubernetes` client, configured from a kubeconfig file as a
+  user's is, against a local HTTP server (`FakeApi`, on 127.0.0.1) answering the API paths it calls
+  with JSON in the API's shapes (tests/data/kubernetes/: create Job, list pods, watch events,
+  delete). These were written from the Kubernetes 1.30 API reference, not captured from a cluster;
+  `test_recorded_objects_are_valid_kubernetes_objects` checks each against the same schemas.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from gpujail.launchers import kubernetes as k8s
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data" / "kubernetes"
+GOLDEN = Path(__file__).parent / "golden" / "kubernetes"
+RUN_DIR = "/gpujail/runs/r1"   # the recorded responses are for this run: Job gpujail-r1 in namespace gpu
+
+kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed: pip install '.[kubernetes]'")
+kubernetes_validate = pytest.importorskip("kubernetes_validate",
+                                          reason="kubernetes-validate is not installed: pip install '.[kubernetes]'")
+
+OLDEST = "1.30"   # securityContext.appArmorProfile is a field from 1.30 on
+
+
+def settings(**given) -> k8s.Settings:
+    return k8s.Settings.parse({"k8s-pvc": "gpujail-shared", "k8s-image": "registry.example.com/gpujail:0.1",
+                               "k8s-namespace": "gpu", **given})
+
+
+VARIANTS = {
+    # the GPU Operator's runtime class, NVIDIA_VISIBLE_DEVICES=all, GPU nodes only
+    "runtime-class": dict(given={"k8s-runtime-class": "nvidia", "k8s-node-selector": "nvidia.com/gpu.present=true"}, nodes=3),
+    # the device plugin hands out one GPU per pod (and sets NVIDIA_VISIBLE_DEVICES itself)
+    "device-plugin": dict(given={"k8s-gpus": "1", "k8s-mount": "/mnt/shared/"}, nodes=2, run_dir="/mnt/shared/runs/Cold_Race.7"),
+}
+
+
+# -- the manifests ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_job_matches_golden(variant):
+    v = VARIANTS[variant]
+    text = json.dumps(k8s.render(settings(**v["given"]), v.get("run_dir", RUN_DIR), v["nodes"]), indent=2) + "\n"
+    golden = GOLDEN / f"job-{variant}.json"
+    if os.environ.get("GPUJAIL_UPDATE_GOLDEN"):
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert golden.exists(), f"{golden} missing: GPUJAIL_UPDATE_GOLDEN=1 pytest {__file__}"
+    assert text == golden.read_text(), f"the rendered Job differs from {golden}: GPUJAIL_UPDATE_GOLDEN=1 pytest {__file__} " \
+                                       "rewrites it (review the diff)"
+
+
+def test_rendered_job_is_what_the_agents_need():
+    """The points of the design, read from the Job, so that a golden file rewritten without care
+    still cannot drop one."""
+    job = k8s.render(settings(**VARIANTS["runtime-class"]["given"]), RUN_DIR, 3)
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 3, 3)
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    (agent,) = pod["containers"]
+    assert agent["command"] == ["gpujail", "node", "--run-dir", RUN_DIR]   # the index: JOB_COMPLETION_INDEX
+    assert agent["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+    assert RUN_DIR.startswith(agent["volumeMounts"][0]["mountPath"] + "/")
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "gpujail-shared"
+    assert pod["runtimeClassName"] == "nvidia" and pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Any connection attempt from this process fails the test: the validation must need no network."""
+    def refuse(self, address):
+        raise AssertionError(f"network connection attempted to {address}")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+@pytest.mark.parametrize("version", [OLDEST, "latest"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_job_validates_offline(variant, version, offline):
+    from kubernetes_validate.utils import latest_version, major_minor
+    v = VARIANTS[variant]
+    job = k8s.render(settings(**v["given"]), v.get("run_dir", RUN_DIR), v["nodes"])
+    version = major_minor(latest_version()) if version == "latest" else version
+    assert kubernetes_validate.validate(job, version, strict=True) == version   # that version's own schemas
+
+
+@pytest.mark.parametrize("break_it, where", [
+    (lambda job: job["spec"].update(parallelsim=3), "parallelsim"),
+    (lambda job: job["spec"].update(backoffLimit="0"), "'0' is not of type"),
+    (lambda job: job["spec"]["template"]["spec"]["containers"][0].pop("name"), "'name' is a required property"),
+])
+def test_validation_catches_a_broken_job(break_it, where, offline):
+    """The validation is not vacuous: a typo, a wrong type, a missing field each fail it."""
+    job = k8s.render(settings(), RUN_DIR, 2)
+    break_it(job)
+    with pytest.raises(kubernetes_validate.ValidationError) as e:
+        kubernetes_validate.validate(job, OLDEST, strict=True)
+    assert where in e.value.message
+
+
+def test_recorded_objects_are_valid_kubernetes_objects(offline):
+    """The API's answers the client tests replay are objects the schemas accept, strictly."""
+    checked = 0
+    for path in sorted(DATA.iterdir()):
+        docs = [json.loads(ln)["object"] for ln in path.read_text().splitlines()] if path.suffix == ".jsonl" \
+            else [json.loads(path.read_text())]
+        for doc in docs:
+            if doc["kind"] == "Status":
+                assert doc["status"] in ("Success", "Failure"), path
+                continue
+            for obj in doc.get("items", [doc]):
+                kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", **obj}, OLDEST, strict=True)
+                checked += 1
+    assert checked > 20
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"k8s-pvc": ""}, "--k8s-pvc: required with --launcher kubernetes"),
+    ({"k8s-image": " "}, "--k8s-image: required with --launcher kubernetes"),
+    ({"k8s-namespace": "GPU_team"}, "--k8s-namespace 'GPU_team': not a Kubernetes name"),
+    ({"k8s-node-selector": "gpu=yes,fast"}, "--k8s-node-selector 'gpu=yes,fast': 'fast' is not KEY=VALUE"),
+    ({"k8s-gpus": "-1"}, "--k8s-gpus '-1': expected a non-negative integer"),
+    ({"k8s-mount": "shared"}, "--k8s-mount 'shared': expected an absolute path"),
+])
+def test_bad_settings_are_one_line(given, message):
+    with pytest.raises(k8s.BadSetting) as e:
+        settings(**given)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_run_dir_outside_the_shared_volume_is_refused():
+    with pytest.raises(k8s.BadSetting, match=r"^run directory /tmp/r1: not under --k8s-mount /gpujail"):
+        k8s.render(settings(), "/tmp/r1", 2)
+    with pytest.raises(k8s.BadSetting, match="not under"):
+        k8s.render(settings(), "/gpujail-other/r1", 2)   # a prefix of the name is not a parent
+
+
+def test_job_names_are_dns_labels_short_enough_for_pod_hostnames():
+    assert k8s.job_name("/gpujail/runs/Cold_Race.7") == "gpujail-cold-race-7"
+    long = k8s.job_name("/gpujail/runs/" + "x" * 100)
+    assert len(long + "-999") <= 63 and k8s.DNS_LABEL.fullmatch(long)
+
+
+def test_write_makes_a_directory_kubectl_applies(tmp_path):
+    job = k8s.render(settings(), RUN_DIR, 2)
+    path = k8s.write(job, tmp_path / "manifests")
+    assert path == tmp_path / "manifests" / "job.json" and json.loads(path.read_text()) == job
+
+
+# -- the client against the API's answers -----------------------------------------------------------
+
+class FakeApi:
+    """A local HTTP server answering the four calls the launcher makes, from files of tests/data/kubernetes/.
+
+    `script` maps a call (create, list, watch, delete) to the answers of its successive requests,
+    each (status, file); the last repeats. A watch answer streams the file's events, one JSON object
+    a line, then ends the response (as the API server does when timeoutSeconds runs out), or with
+    `hold=True` keeps it open until the test ends. Every request is recorded."""
+
+    def __init__(self, script: dict[str, list]):
+        self.script = {call: list(answers) for call, answers in script.items()}
+        self.requests: list[tuple[str, str, dict, dict | None]] = []
+        self.released = threading.Event()
+        self.watching = threading.Event()
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                api.answer(self, "create")
+
+            def do_GET(self):
+                watching = parse_qs(urlsplit(self.path).query).get("watch", [""])[0].lower() == "true"
+                api.answer(self, "watch" if watching else "list")
+
+            def do_DELETE(self):
+                api.answer(self, "delete")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def answer(self, h: BaseHTTPRequestHandler, call: str) -> None:
+        url = urlsplit(h.path)
+        length = int(h.headers.get("Content-Length") or 0)
+        body = json.loads(h.rfile.read(length)) if length else None
+        self.requests.append((call, url.path, parse_qs(url.query), body))
+        expected = {"create": "/apis/batch/v1/namespaces/gpu/jobs", "list": "/api/v1/namespaces/gpu/pods",
+                    "watch": "/api/v1/namespaces/gpu/pods", "delete": "/apis/batch/v1/namespaces/gpu/jobs/gpujail-r1"}
+        answers = self.script.get(call)
+        if url.path != expected[call] or not answers:
+            status, text = 404, json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                            "message": f"no answer for {h.command} {h.path}", "reason": "NotFound", "code": 404})
+        else:
+            status, name, *hold = answers.pop(0) if len(answers) > 1 else answers[0]
+            text = (DATA / name).read_text()
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        if call != "watch":
+            h.send_header("Content-Length", str(len(text.encode())))
+        h.end_headers()
+        if call == "watch":   # a stream: written line by line, ended by closing the connection
+            for line in text.splitlines():
+                h.wfile.write(line.encode() + b"\n")
+                h.wfile.flush()
+            self.watching.set()
+            if hold:
+                self.released.wait(30)
+        else:
+            h.wfile.write(text.encode())
+
+    def calls(self) -> list[str]:
+        return [call for call, *_ in self.requests]
+
+    def kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig as `kubectl config view` writes one (JSON is YAML), pointing at this server."""
+        host, port = self.server.server_address
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": f"http://{host}:{port}"}}],
+            "users": [{"name": "alice", "user": {"token": "not-a-secret"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "alice", "namespace": "gpu"}}]}))
+        return path
+
+
+@pytest.fixture
+def fake_api(tmp_path, monkeypatch):
+    servers = []
+
+    def start(**script) -> FakeApi:
+        api = FakeApi(script)
+        api.thread.start()
+        servers.append(api)
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
+        return api
+
+    yield start
+    for api in servers:
+        api.released.set()
+        api.server.shutdown()
+        api.server.server_close()
+
+
+SUCCEEDED = dict(create=[(201, "create-job.json")], list=[(200, "pods-empty.json"), (200, "pods-succeeded.json")],
+                 watch=[(200, "watch-succeeded.jsonl")], delete=[(200, "delete-job.json")])
+
+
+def launch(nodes: int = 2, log=None):
+    """What the coordinator does: apply, follow to the end, collect, and delete on the way out."""
+    cluster = k8s.Cluster(settings(), log=log)
+    with cluster.launched(k8s.render(settings(), RUN_DIR, nodes)) as name:
+        cluster.follow(name, nodes)
+        return cluster.collect(name)
+
+
+def test_job_applied_followed_collected_and_deleted(fake_api):
+    api = fake_api(**SUCCEEDED)
+    lines = []
+    outcomes = launch(log=lines.append)
+    assert api.calls() == ["create", "list", "watch", "list", "delete"]
+    _, _, _, body = api.requests[0]
+    assert body == k8s.render(settings(), RUN_DIR, 2)   # the rendered Job, as rendered
+    _, _, query, _ = api.requests[2]
+    assert query["labelSelector"] == ["gpujail.io/run=gpujail-r1"] and query["resourceVersion"] == ["48211"]
+    _, _, _, delete = api.requests[-1]
+    assert delete["propagationPolicy"] == "Background"   # the pods go with the Job
+    assert [(o.index, o.node, o.state, o.exit_code) for o in outcomes] == [
+        (0, "gpu-node-a", "succeeded", 0), (1, "gpu-node-b", "succeeded", 0)]
+    assert lines[0] == "kubernetes: created Job gpujail-r1 in namespace gpu"
+    assert "kubernetes: pod gpujail-r1-1-m4v7d (agent index 1 on node gpu-node-b) running" in lines
+    assert lines[-1] == "kubernetes: deleted Job gpujail-r1 and its pods"
+
+
+@pytest.mark.parametrize("watch, outcome, message", [
+    ("watch-failed.jsonl", "error",
+     "pod gpujail-r1-1-m4v7d (agent index 1 on node gpu-node-b) failed: container agent exited 1 (Error): "
+     "gpujail node: cannot make the worker's mount namespace: unshare(CLONE_NEWNS): Operation not permitted"),
+    ("watch-unschedulable.jsonl", "backend",
+     "pod gpujail-r1-1-m4v7d (agent index 1) cannot be scheduled: 0/3 nodes are available: 1 node(s) didn't match "
+     "pod anti-affinity rules"),
+    ("watch-image-pull.jsonl", "backend",
+     "pod gpujail-r1-1-m4v7d (agent index 1 on node gpu-node-b) cannot start container agent (ErrImagePull): "
+     "failed to pull and unpack image \"registry.example.com/gpujail:0.1\""),
+    ("watch-deleted.jsonl", "error", "pod gpujail-r1-1-m4v7d (agent index 1 on node gpu-node-b) was deleted before it finished"),
+])
+def test_a_pod_that_cannot_finish_is_one_line_and_the_job_is_deleted(fake_api, watch, outcome, message):
+    api = fake_api(**{**SUCCEEDED, "watch": [(200, watch)]})
+    with pytest.raises(k8s.LaunchFailed) as e:
+        launch()
+    assert e.value.outcome == outcome and str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert api.calls() == ["create", "list", "watch", "delete"]
+
+
+def test_a_watch_that_expires_is_resumed_from_a_new_list(fake_api):
+    """The API ends a watch when its timeoutSeconds runs out, and answers 410 Gone (an ERROR event)
+    to one whose resourceVersion it no longer keeps: list again, watch from the new version."""
+    api = fake_api(create=[(201, "create-job.json")], delete=[(200, "delete-job.json")],
+                   list=[(200, "pods-empty.json"), (200, "pods-running.json"), (200, "pods-running.json"),
+                         (200, "pods-succeeded.json")],
+                   watch=[(200, "watch-first-half.jsonl"), (200, "watch-expired.jsonl"), (200, "watch-second-half.jsonl")])
+    outcomes = launch()
+    assert api.calls() == ["create", "list", "watch", "list", "watch", "list", "watch", "list", "delete"]
+    assert [q["resourceVersion"] for call, _, q, _ in api.requests if call == "watch"] == [["48211"], ["48230"], ["48230"]]
+    assert [o.state for o in outcomes] == ["succeeded", "succeeded"]
+
+
+def test_poll_sees_the_pods_once(fake_api):
+    fake_api(list=[(200, "pods-running.json"), (200, "pods-succeeded.json")])
+    cluster = k8s.Cluster(settings())
+    assert cluster.poll("gpujail-r1", 2) is False
+    assert cluster.poll("gpujail-r1", 2) is True
+
+
+def test_an_api_refusal_is_one_line_and_nothing_is_deleted(fake_api):
+    api = fake_api(create=[(403, "create-forbidden.json")])
+    with pytest.raises(k8s.LaunchFailed) as e:
+        launch()
+    assert e.value.outcome == "backend"
+    assert str(e.value) == ('kubernetes: cannot create Job gpujail-r1 in namespace gpu: 403 Forbidden: jobs.batch is '
+                            'forbidden: User "alice" cannot create resource "jobs" in API group "batch" in the namespace "gpu"')
+    assert api.calls() == ["create"]
+
+
+def test_a_job_already_gone_counts_as_deleted(fake_api):
+    api = fake_api(**{**SUCCEEDED, "delete": [(404, "create-forbidden.json")]})   # any Status body with code 404
+    assert len(launch()) == 2
+    assert api.calls()[-1] == "delete"
+
+
+def test_no_cluster_configured_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(k8s.LaunchFailed) as e:
+        k8s.Cluster(settings())
+    assert e.value.outcome == "backend" and str(e.value).startswith("no Kubernetes cluster configured: ")
+    assert "\n" not in str(e.value)
+
+
+def test_an_unreachable_api_server_is_one_line(fake_api):
+    api = fake_api()
+    api.server.shutdown()
+    api.server.server_close()   # the kubeconfig now names a port nobody listens on
+    cluster = k8s.Cluster(settings())
+    cluster.api.configuration.retries = 0
+    with pytest.raises(k8s.LaunchFailed, match=r"^kubernetes: cannot create Job gpujail-r1 in namespace gpu: "
+                                               r"the API server did not answer: "):
+        cluster.apply(k8s.render(settings(), RUN_DIR, 2))
+
+
+CTRL_C = f"""
+import sys
+from gpujail.launchers import kubernetes as k8s
+s = k8s.Settings.parse({{"k8s-pvc": "gpujail-shared", "k8s-image": "registry.example.com/gpujail:0.1", "k8s-namespace": "gpu"}})
+cluster = k8s.Cluster(s, log=lambda line: print(line, flush=True))
+try:
+    with cluster.launched(k8s.render(s, {RUN_DIR!r}, 2)) as name:
+        cluster.follow(name, 2)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_while_following_deletes_the_job(fake_api, sig):
+    """A real process, a real signal, while the client is blocked reading the watch stream. SIGTERM
+    is KeyboardInterrupt too, as `gpujail` makes it (gpujail.commands.stop_on_signals)."""
+    api = fake_api(**{**SUCCEEDED, "watch": [(200, "watch-first-half.jsonl", "hold")]})
+    code = CTRL_C if sig == signal.SIGINT else \
+        "import signal\ndef stop(*_): raise KeyboardInterrupt\nsignal.signal(signal.SIGTERM, stop)\n" + CTRL_C
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=os.environ)
+    try:
+        assert api.watching.wait(30), "the launcher never watched the pods"
+        time.sleep(0.3)   # the events reach the client; it blocks on the open stream
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert api.calls() == ["create", "list", "watch", "delete"], out + err
+    assert out.splitlines()[-2:] == ["kubernetes: deleted Job gpujail-r1 and its pods", "interrupted"]
