@@ -11,8 +11,10 @@ fleet (`with fleet_class.recording(jail, DIR, seed) as fleet`):
 2. rendezvous: `ROUNDS` clock requests per agent, each bracketed by this machine's monotonic clock
    (t0 before writing, t1 after reading the reply). The agent's clock reads `mono` in between, so
    its offset is `mono - (t0 + t1) / 2` within +-(t1 - t0) / 2; the round with the shortest round
-   trip is kept (NTP's rule). An agent on this machine's boot (same boot id) shares CLOCK_MONOTONIC:
-   its offset is applied as exactly 0 and the measured one is only the measurement's error;
+   trip is kept (NTP's rule). An agent on this machine's boot (same boot id) whose reading fell
+   inside the round trip shares CLOCK_MONOTONIC: its offset is applied as exactly 0 (the measured
+   one is only the measurement's error); any other agent's (another host, a time namespace) is
+   applied as measured;
 3. `start(node_id)` gives each worker id an agent (round robin, a restart on the same agent: the
    same cluster node) and asks it for a fresh node; `call` forwards a node request (run, probe,
    mounts); `kill` asks the agent to SIGKILL the node's PID 1;
@@ -95,10 +97,12 @@ class Agent:
             if best is None or t1 - t0 < best[1] - best[0]:
                 best = (t0, t1, r["mono"])
         t0, t1, mono = best
-        same = self.hello.get("boot_id") == boot_id()
+        measured, uncertainty = mono - (t0 + t1) / 2, (t1 - t0) / 2
+        # One boot, one CLOCK_MONOTONIC, unless the agent sits in a time namespace of its own (then
+        # the reading falls outside the round trip): the measured offset is then only noise.
+        same = self.hello.get("boot_id") == boot_id() and abs(measured) <= uncertainty
         self.clock = {"index": self.index, "host": self.hello.get("host"), "same_clock": same,
-                      "measured_offset": mono - (t0 + t1) / 2, "uncertainty": (t1 - t0) / 2,
-                      "offset": 0.0 if same else mono - (t0 + t1) / 2}
+                      "measured_offset": measured, "uncertainty": uncertainty, "offset": 0.0 if same else measured}
 
 
 class AgentNode(kernel.Node):

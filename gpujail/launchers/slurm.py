@@ -32,6 +32,9 @@ class Launcher(Base):
     def unavailable() -> str | None:
         if not shutil.which("srun"):
             return "no srun on PATH (Slurm's client commands: Debian's slurm-client)"
+        conf = os.environ.get("SLURM_CONF")
+        if conf and not os.path.isfile(conf):   # sinfo would retry for a minute
+            return f"SLURM_CONF={conf}: no such file (scripts/slurm-cluster.sh start prints the one to use)"
         try:
             r = subprocess.run(["sinfo", "-h", "-o", "%a"], capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.SubprocessError) as e:
