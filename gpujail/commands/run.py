@@ -65,6 +65,7 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
     paths = {k: stage / name for k, name in names.items()}
     out = terminal()
     print(f"gpujail run: {args.impl} on the {args.backend} backend"
+          + (f", nodes made by agents of the {args.launcher} launcher" if getattr(args, "launcher", "") else "")
           + (f", expectations {expectations}" if expectations else ", no expectations file"), file=out)
     basetemp = scratch("run")
     argv = [*(args.tests or suites()), "-p", "no:cacheprovider", "-n", args.jobs, "--basetemp", str(basetemp),
