@@ -12,6 +12,7 @@ How this works
     gpujail check HISTORY.jsonl [FINAL_STATE.json] [--timeline OUT.html]
     gpujail explore find|replay IMPL ...
     gpujail bench [--quick] [--only FIGURE ...]
+    gpujail node --run-dir DIR [--index I]       (the node agent a launcher starts: --launcher)
 
 This module parses the command line and checks the input a subcommand depends on (the
 implementation, the backend, the expectations file: the same checks as the pytest plugin's, so a
@@ -47,6 +48,7 @@ from gpujail.commands import (
     stop_on_signals,
     tools,
 )
+from gpujail.commands import node as agent
 from gpujail.commands import run as running
 from gpujail.spec import EXIT
 
@@ -73,11 +75,33 @@ def expectations_for(impl: str, given: str | None) -> str:
     return given
 
 
+def check_launcher(args) -> None:
+    """--launcher (with --nodes): a known name, and usable from here (exit 3 when not: no Slurm)."""
+    from gpujail import launchers
+    if not args.launcher:
+        return
+    try:
+        options.check_launcher(options.flag("launcher", args.launcher))
+        if args.nodes:
+            options.check_count(options.flag("nodes", args.nodes))
+    except options.BadInput as e:
+        raise Stop("bad-input", str(e)) from None
+    reason = launchers.unavailable(args.launcher)
+    if reason:
+        raise Stop("backend", f"--launcher {args.launcher}: {reason}")
+
+
+def add_launcher_flags(p, env: dict, help_of: dict) -> None:
+    for name in ("launcher", "nodes", "partition", "account"):
+        p.add_argument(f"--{name}", default=env[name], help=help_of[name])
+
+
 # -- the subcommands that need these checks --------------------------------------------------
 
 def cmd_run(args, pytest_args: list[str]) -> int:
     check_impl(args.impl)
     check_backend(args.backend)
+    check_launcher(args)
     try:
         options.check_workers(options.flag("workers", args.workers))
         options.check_seconds(options.flag("start-timeout", args.start_timeout))
@@ -93,6 +117,7 @@ def cmd_reproduce(args) -> int:
         raise Stop("bad-input", str(e)) from None
     check_impl(args.impl)
     check_backend("kernel")   # the chaos runner's backend
+    check_launcher(args)
     return scenarios.reproduce(args, sc)
 
 
@@ -128,6 +153,7 @@ def parser() -> Parser:
     run.add_argument("-m", help="pytest marker expression, e.g. scale for the 128-worker run")
     run.add_argument("-k", help="pytest keyword expression")
     run.add_argument("-v", "--verbose", action="store_true", help="show pytest's output instead of a progress line")
+    add_launcher_flags(run, env, help_of)
 
     rep = sub.add_parser("reproduce", help="run one chaos scenario and show its verdict, chain and timeline")
     rep.add_argument("scenario", help="a name from `gpujail scenarios`, or a scenario TOML file")
@@ -136,16 +162,18 @@ def parser() -> Parser:
     rep.add_argument("--workers", default=env["workers"], help=help_of["workers"])
     rep.add_argument("--random", action="store_true", help="add the seeded random timing (the '-random-seed+N' tests)")
     rep.add_argument("--out", help="where to keep history, final state and timeline")
+    add_launcher_flags(rep, env, help_of)
 
     sc = sub.add_parser("scenarios", help="list the chaos scenarios, one line each (or check scenario files)")
     sc.add_argument("files", nargs="*", help="scenario TOML files to check and describe instead")
     sub.add_parser("failpoints", help="list the failpoints and the GPUJAIL_FAILPOINTS term syntax")
     tools.add_parsers(sub)
+    agent.add_parser(sub)
     return top
 
 
 COMMANDS = {"reproduce": cmd_reproduce, "scenarios": scenarios.scenarios, "failpoints": scenarios.failpoints,
-            **tools.COMMANDS}
+            **tools.COMMANDS, "node": agent.node}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,6 +57,13 @@ OPTIONS = [
            "'fake-own-cleanup' (upstream issue #377's proposal: its cleanup removes only what it created)"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
+    Option("launcher", "GPUJAIL_LAUNCHER", "",
+           "start each worker's node through node agents (`gpujail node`) launched by: local | slurm | kubernetes "
+           "(default: none, the backend's own nodes)"),
+    Option("nodes", "GPUJAIL_NODES", "",
+           "--launcher: how many cluster nodes to ask for (default: one per agent; fewer puts several agents on a node)"),
+    Option("partition", "GPUJAIL_PARTITION", "", "--launcher slurm: the partition of the agents' job"),
+    Option("account", "GPUJAIL_ACCOUNT", "", "--launcher slurm: the account charged for the agents' job"),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
 PATHS = ("expectations", "gpujail-report")   # values shown as they are in messages; the others quoted
@@ -250,6 +257,23 @@ def check_cli(v: Value) -> str:
     return CLI_VARIANTS[v.text]
 
 
+def check_launcher(v: Value) -> str:
+    """--launcher: '' (none) or one of gpujail.launchers.NAMES; --nodes with it a count."""
+    from gpujail.launchers import NAMES
+    if v.text and v.text not in NAMES:
+        raise BadInput(f"{v.label}: expected one of {', '.join(NAMES)}")
+    return v.text
+
+
+def launcher_options(values: dict[str, Value]) -> dict[str, str | int]:
+    """What a launcher is given (gpujail.launchers.fleet_class): the agents (one per GPU worker of
+    --workers), --nodes, --partition, --account."""
+    if values["nodes"].text:
+        check_count(values["nodes"])
+    return {"agents": int(values["workers"].text), "nodes": values["nodes"].text,
+            "partition": values["partition"].text, "account": values["account"].text}
+
+
 def check_self_checks(v: Value) -> None:
     if v.text not in SELF_CHECK_MODES:
         raise BadInput(f"{v.label}: expected one of {', '.join(SELF_CHECK_MODES)}")
@@ -289,5 +313,7 @@ def check_all(read) -> tuple[dict[str, Value], dict]:
     check_seconds(values["start-timeout"])
     check_cli(values["cli"])
     check_self_checks(values["self-checks"])
+    check_launcher(values["launcher"])
+    launcher_options(values)
     check_impl(values["impl"])
     return values, load_expectations(values["expectations"])

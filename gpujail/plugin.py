@@ -264,7 +264,10 @@ class Suite:
     @pytest.fixture
     def fleet_class(self):
         """The chosen backend's `Fleet` (--backend); skips the test with the reason when this build
-        or this host cannot run it."""
+        or this host cannot run it. With --launcher, the nodes are made by node agents that launcher
+        started (gpujail/launchers/), on the kernel backend's terms."""
+        if self.value("launcher"):
+            return launcher_fleet(self.value("launcher"), options.launcher_options(self.values))
         return backend_fleet(self.value("backend"))
 
     @pytest.fixture
@@ -480,3 +483,13 @@ def backend_fleet(backend: str):
     if not hasattr(module, "Fleet"):
         pytest.skip(f"backend {backend!r} has no worker fleet: it runs its own tests (marker `model`)")
     return module.Fleet
+
+
+def launcher_fleet(name: str, launcher_options: dict):
+    """The coordinator's `Fleet` for launcher `name` (gpujail/launchers/); skips the test with the
+    reason when the launcher cannot start agents from here (no Slurm controller answers)."""
+    from gpujail import launchers
+    reason = launchers.unavailable(name)
+    if reason:
+        pytest.skip(f"launcher {name!r}: {reason}")
+    return launchers.fleet_class(name, **launcher_options)

@@ -65,13 +65,16 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
     paths = {k: stage / name for k, name in names.items()}
     out = terminal()
     print(f"gpujail run: {args.impl} on the {args.backend} backend"
+          + (f", nodes made by agents of the {args.launcher} launcher" if getattr(args, "launcher", "") else "")
           + (f", expectations {expectations}" if expectations else ", no expectations file"), file=out)
     basetemp = scratch("run")
     argv = [*(args.tests or suites()), "-p", "no:cacheprovider", "-n", args.jobs, "--basetemp", str(basetemp),
             "--impl", args.impl, "--backend", args.backend, "--seed", str(args.seed), "--workers", str(args.workers),
             "--start-timeout", str(args.start_timeout), "--cli", args.cli,
             "--expectations", expectations, "--gpujail-report", str(paths["json"]), "--junitxml", str(paths["junit"]),
-            *(["-m", args.m] if args.m else []), *(["-k", args.k] if args.k else []), *pytest_args]
+            *(["-m", args.m] if args.m else []), *(["-k", args.k] if args.k else []),
+            *[a for name in ("launcher", "nodes", "partition", "account") if getattr(args, name, "")
+              for a in (f"--{name}", getattr(args, name))], *pytest_args]
     counter = TestCounter()
     watch = HistoryWatch(lambda: [*basetemp.glob("*/*/run/history.jsonl"), *basetemp.glob("*/run/history.jsonl")])
 
