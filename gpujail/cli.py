@@ -99,6 +99,8 @@ def add_launcher_flags(p, env: dict, help_of: dict) -> None:
 # -- the subcommands that need these checks --------------------------------------------------
 
 def cmd_run(args, pytest_args: list[str]) -> int:
+    if args.render:   # the manifests only: no suite runs, no cluster is asked
+        return running.render(args)
     check_impl(args.impl)
     check_backend(args.backend)
     check_launcher(args)
@@ -154,6 +156,10 @@ def parser() -> Parser:
     run.add_argument("-k", help="pytest keyword expression")
     run.add_argument("-v", "--verbose", action="store_true", help="show pytest's output instead of a progress line")
     add_launcher_flags(run, env, help_of)
+    from gpujail.launchers.kubernetes import SETTINGS as K8S
+    for name, *_ in K8S:
+        run.add_argument(f"--{name}", default=env[name], help=help_of[name])
+    run.add_argument("--render", metavar="DIR", help="--launcher kubernetes: write the Job to DIR/job.json, apply nothing")
 
     rep = sub.add_parser("reproduce", help="run one chaos scenario and show its verdict, chain and timeline")
     rep.add_argument("scenario", help="a name from `gpujail scenarios`, or a scenario TOML file")

@@ -22,6 +22,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpujail.launchers import kubernetes
 from gpujail.spec import DEFAULT_WORKERS, START_TIMEOUT
 
 
@@ -65,6 +66,8 @@ OPTIONS = [
     Option("partition", "GPUJAIL_PARTITION", "", "--launcher slurm: the partition of the agents' job"),
     Option("account", "GPUJAIL_ACCOUNT", "", "--launcher slurm: the account charged for the agents' job"),
 ]
+# --launcher kubernetes: the --k8s-* settings (gpujail/launchers/kubernetes.py's table).
+OPTIONS += [Option(*setting) for setting in kubernetes.SETTINGS]
 BY_NAME = {o.name: o for o in OPTIONS}
 PATHS = ("expectations", "gpujail-report")   # values shown as they are in messages; the others quoted
 SELF_CHECK_MODES = ("once", "always")
@@ -270,8 +273,14 @@ def launcher_options(values: dict[str, Value]) -> dict[str, str | int]:
     --workers), --nodes, --partition, --account."""
     if values["nodes"].text:
         check_count(values["nodes"])
+    k8s = {name: values[name].text for name, *_ in kubernetes.SETTINGS}
+    if values["launcher"].text == "kubernetes":
+        try:
+            kubernetes.Settings.parse(k8s)
+        except kubernetes.BadSetting as e:
+            raise BadInput(str(e)) from None
     return {"agents": int(values["workers"].text), "nodes": values["nodes"].text,
-            "partition": values["partition"].text, "account": values["account"].text}
+            "partition": values["partition"].text, "account": values["account"].text, **k8s}
 
 
 def check_self_checks(v: Value) -> None:

@@ -207,6 +207,8 @@ class FakeApi:
         self.requests.append((call, url.path, parse_qs(url.query), body))
         expected = {"create": "/apis/batch/v1/namespaces/gpu/jobs", "list": "/api/v1/namespaces/gpu/pods",
                     "watch": "/api/v1/namespaces/gpu/pods", "delete": "/apis/batch/v1/namespaces/gpu/jobs/gpujail-r1"}
+        if call == "list" and parse_qs(url.query).get("labelSelector") != ["gpujail.io/run=gpujail-r1"]:
+            expected[call] = "(only the Job's own pods)"
         answers = self.script.get(call)
         if url.path != expected[call] or not answers:
             status, text = 404, json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -245,6 +247,7 @@ class FakeApi:
 
 @pytest.fixture
 def fake_api(tmp_path, monkeypatch):
+    """Starts a FakeApi with the given answers, and points KUBECONFIG at it."""
     servers = []
 
     def start(**script) -> FakeApi:
@@ -266,11 +269,14 @@ SUCCEEDED = dict(create=[(201, "create-job.json")], list=[(200, "pods-empty.json
 
 
 def launch(nodes: int = 2, log=None):
-    """What the coordinator does: apply, follow to the end, collect, and delete on the way out."""
+    """Apply, follow to the end, collect, and delete on the way out."""
     cluster = k8s.Cluster(settings(), log=log)
-    with cluster.launched(k8s.render(settings(), RUN_DIR, nodes)) as name:
+    name = cluster.apply(k8s.render(settings(), RUN_DIR, nodes))
+    try:
         cluster.follow(name, nodes)
         return cluster.collect(name)
+    finally:
+        cluster.delete(name)
 
 
 def test_job_applied_followed_collected_and_deleted(fake_api):
@@ -367,38 +373,142 @@ def test_an_unreachable_api_server_is_one_line(fake_api):
         cluster.apply(k8s.render(settings(), RUN_DIR, 2))
 
 
-CTRL_C = f"""
-import sys
-from gpujail.launchers import kubernetes as k8s
-s = k8s.Settings.parse({{"k8s-pvc": "gpujail-shared", "k8s-image": "registry.example.com/gpujail:0.1", "k8s-namespace": "gpu"}})
-cluster = k8s.Cluster(s, log=lambda line: print(line, flush=True))
-try:
-    with cluster.launched(k8s.render(s, {RUN_DIR!r}, 2)) as name:
-        cluster.follow(name, 2)
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
-    sys.exit(130)
+# -- the launcher interface, as the coordinator (gpujail/launchers/coordinator.py) calls it ----------
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory as the coordinator leaves it before `start`: run.json names the jail; both
+    under the shared volume's mount (tmp_path stands for it)."""
+    d = tmp_path / "runs" / "r1"
+    (d / "nodes").mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"launcher": "kubernetes", "agents": 2, "jail": str(tmp_path / "jail")}))
+    return d
+
+
+def launcher(mount: Path) -> k8s.Launcher:
+    from gpujail import launchers
+    return launchers.get("kubernetes", **{"k8s-pvc": "gpujail-shared", "k8s-image": "registry.example.com/gpujail:0.1",
+                                          "k8s-namespace": "gpu", "k8s-mount": str(mount), "partition": "ignored"})
+
+
+def test_launcher_starts_the_job_and_deletes_it_when_the_agents_ended(fake_api, run_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(k8s, "POLL", 0.0)
+    api = fake_api(create=[(201, "create-job.json")], delete=[(200, "delete-job.json")],
+                   list=[(200, "pods-running.json"), (200, "pods-running.json"), (200, "pods-succeeded.json"),
+                         (200, "pods-empty.json")])
+    la = launcher(tmp_path)
+    la.start(run_dir, 2)
+    assert api.requests[0][3] == k8s.render(la.settings, str(run_dir), 2)
+    assert la.gone() is None                 # both pods running
+    la.stop(timeout=30)                      # running, then succeeded: deleted
+    assert la.leftovers() == []
+    assert api.calls() == ["create", "list", "list", "list", "delete", "list"]
+    log = (run_dir / "kubernetes.log").read_text().splitlines()
+    assert log[0] == "kubernetes: created Job gpujail-r1 in namespace gpu" and log[-1].startswith("kubernetes: deleted Job")
+
+
+def test_launcher_says_a_failed_pod_and_still_deletes_the_job(fake_api, run_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(k8s, "POLL", 0.0)
+    api = fake_api(create=[(201, "create-job.json")], list=[(200, "pods-failed.json")], delete=[(200, "delete-job.json")])
+    la = launcher(tmp_path)
+    la.start(run_dir, 2)
+    assert la.gone() == ("pod gpujail-r1-1-m4v7d (agent index 1 on node gpu-node-b) failed: container agent exited 1 "
+                         "(Error): gpujail node: cannot make the worker's mount namespace: unshare(CLONE_NEWNS): "
+                         "Operation not permitted")
+    la.stop(timeout=5)
+    assert api.calls()[-1] == "delete"
+
+
+def test_launcher_refuses_a_run_outside_the_shared_volume(fake_api, run_dir, tmp_path):
+    api = fake_api(**SUCCEEDED)
+    with pytest.raises(k8s.BadSetting, match=rf"^run directory {run_dir}: not under --k8s-mount {tmp_path / 'elsewhere'}"):
+        launcher(tmp_path / "elsewhere").start(run_dir, 2)
+    (run_dir / "run.json").write_text(json.dumps({"jail": "/var/tmp/jail"}))
+    with pytest.raises(k8s.BadSetting, match=r"^jail /var/tmp/jail: not under --k8s-mount"):
+        launcher(tmp_path).start(run_dir, 2)
+    assert api.calls() == []
+
+
+def test_launcher_unavailable_without_a_cluster_says_why(tmp_path, monkeypatch):
+    from gpujail import launchers
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert launchers.unavailable("kubernetes").startswith("no Kubernetes cluster configured: ")
+
+
+INTERRUPTED = """
+import sys, time
+from pathlib import Path
+from gpujail.launchers import get
+la = get("kubernetes", **{"k8s-pvc": "gpujail-shared", "k8s-image": "registry.example.com/gpujail:0.1",
+                          "k8s-namespace": "gpu", "k8s-mount": sys.argv[1]})
+try:   # as the coordinator: start, wait for the agents (which never come), stop on the way out
+    la.start(Path(sys.argv[2]), 2)
+    while not la.gone():
+        time.sleep(0.05)
+finally:
+    la.stop(timeout=0)
 """
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_while_following_deletes_the_job(fake_api, sig):
-    """A real process, a real signal, while the client is blocked reading the watch stream. SIGTERM
-    is KeyboardInterrupt too, as `gpujail` makes it (gpujail.commands.stop_on_signals)."""
-    api = fake_api(**{**SUCCEEDED, "watch": [(200, "watch-first-half.jsonl", "hold")]})
-    code = CTRL_C if sig == signal.SIGINT else \
-        "import signal\ndef stop(*_): raise KeyboardInterrupt\nsignal.signal(signal.SIGTERM, stop)\n" + CTRL_C
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=os.environ)
+def test_interrupted_run_deletes_the_job(fake_api, run_dir, tmp_path, sig):
+    """A real process, a real signal, while the launcher waits for agents. SIGTERM is
+    KeyboardInterrupt too, as `gpujail` makes it (gpujail.commands.stop_on_signals)."""
+    api = fake_api(create=[(201, "create-job.json")], list=[(200, "pods-running.json")], delete=[(200, "delete-job.json")])
+    code = INTERRUPTED if sig == signal.SIGINT else \
+        "import signal\ndef stop(*_): raise KeyboardInterrupt\nsignal.signal(signal.SIGTERM, stop)\n" + INTERRUPTED
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(run_dir)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
     try:
-        assert api.watching.wait(30), "the launcher never watched the pods"
-        time.sleep(0.3)   # the events reach the client; it blocks on the open stream
+        deadline = time.monotonic() + 60
+        while "list" not in api.calls() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert "list" in api.calls(), f"the launcher never looked at the pods: {proc.communicate()}"
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, err
-    assert api.calls() == ["create", "list", "watch", "delete"], out + err
-    assert out.splitlines()[-2:] == ["kubernetes: deleted Job gpujail-r1 and its pods", "interrupted"]
+    assert "KeyboardInterrupt" in err and proc.returncode != 0
+    assert api.calls()[0] == "create" and api.calls()[-1] == "delete"
+    assert (run_dir / "kubernetes.log").read_text().splitlines()[-1] == "kubernetes: deleted Job gpujail-r1 and its pods"
+
+
+# -- the command -------------------------------------------------------------------------------------
+
+def gpujail(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "gpujail", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_render_writes_the_job_without_a_cluster(tmp_path):
+    r = gpujail("run", "--launcher", "kubernetes", "--render", str(tmp_path / "out"), "--workers", "3",
+                "--k8s-pvc", "gpujail-shared", "--k8s-image", "registry.example.com/gpujail:0.1",
+                env={"KUBECONFIG": str(tmp_path / "none"), "GPUJAIL_K8S_RUNTIME_CLASS": "nvidia"})
+    assert r.returncode == 0, r.stderr
+    job = json.loads((tmp_path / "out" / "job.json").read_text())
+    assert job == k8s.render(settings(**{"k8s-namespace": "default", "k8s-runtime-class": "nvidia"}), "/gpujail/runs/example", 3)
+    kubernetes_validate.validate(job, OLDEST, strict=True)
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--render", "OUT"], "gpujail: --render OUT: only with --launcher kubernetes"),
+    (["--launcher", "kubernetes", "--render", "OUT", "--k8s-image", "i"],
+     "gpujail: --k8s-pvc: required with --launcher kubernetes"),
+    (["--launcher", "kubernetes", "--render", "OUT", "--k8s-image", "i", "--k8s-pvc", "p", "--k8s-node-selector", "x"],
+     "gpujail: --k8s-node-selector 'x': 'x' is not KEY=VALUE"),
+    (["--launcher", "kubernetes", "--render", "OUT", "--k8s-image", "i", "--k8s-pvc", "p", "--workers", "0"],
+     "gpujail: --workers 0: expected at least 1"),
+])
+def test_render_bad_input_is_one_line_exit_2(tmp_path, args, line):
+    r = gpujail("run", *[str(tmp_path / "out") if a == "OUT" else a for a in args])
+    assert r.returncode == 2 and r.stderr.startswith(line.replace("OUT", str(tmp_path / "out"))), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_run_without_a_cluster_is_exit_3(tmp_path):
+    r = gpujail("run", "--launcher", "kubernetes", "--k8s-pvc", "p", "--k8s-image", "i",
+                env={"KUBECONFIG": str(tmp_path / "none"), "KUBERNETES_SERVICE_HOST": ""})
+    assert r.returncode == 3 and r.stderr.startswith("gpujail: --launcher kubernetes: no Kubernetes cluster configured"), r.stderr

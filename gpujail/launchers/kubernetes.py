@@ -21,7 +21,12 @@ and judged through the run directory, as with every launcher.
                              pull its image is `LaunchFailed`, one line naming pod, index and node
     collect(name)            which pod ran each index, on which node, and how it ended
     delete(name)             the Job and its pods (propagationPolicy Background)
-    launched(job)            apply, and delete on the way out, also on Ctrl-C and SIGTERM
+
+`Launcher` is these behind the coordinator's launcher interface (gpujail/launchers/__init__.py):
+`start` renders and applies, `gone` polls the pods (at most every POLL seconds: the coordinator asks
+in its wait loops), `stop` waits for the agents to end on DIR/stop and then deletes the Job,
+whatever ended the run (the coordinator calls it on its way out, Ctrl-C and SIGTERM included), and
+`leftovers` names the Job or pods still there. Its lines go to DIR/kubernetes.log.
 
 The API is read as plain JSON (`raw_object`, `_preload_content=False`): `pod_state` judges the
 API's own shape, and the tests feed it the API's JSON from a local HTTP server that the real client
@@ -34,9 +39,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpujail.launchers import Launcher as Base
 
 # (flag, environment variable, default, help): `gpujail run` makes its --k8s-* flags from this table.
 SETTINGS = [
@@ -54,6 +62,7 @@ SETTINGS = [
 ]
 DEADLINE = 3600          # the Job's activeDeadlineSeconds unless the coordinator says otherwise
 KEEP_FINISHED = 600      # ttlSecondsAfterFinished: the cluster removes a Job its coordinator could not
+POLL = 2.0               # seconds between two looks at the pods for `Launcher.gone`
 RUN_LABEL = "gpujail.io/run"
 INDEX = "batch.kubernetes.io/job-completion-index"   # the pod annotation Indexed Jobs set
 # Waiting reasons that no amount of waiting cures (a pod of a Job with restartPolicy Never).
@@ -332,16 +341,6 @@ class Cluster:
                     raise
         self.log(f"kubernetes: deleted Job {name} and its pods")
 
-    @contextmanager
-    def launched(self, job: dict):
-        """Apply `job`; delete it when the block ends, whatever ends it (Ctrl-C, SIGTERM turned into
-        KeyboardInterrupt by the command, a failed pod)."""
-        name = self.apply(job)
-        try:
-            yield name
-        finally:
-            self.delete(name)
-
 
 def connect():
     """An ApiClient from the user's kubeconfig, else from the pod's service account."""
@@ -382,3 +381,69 @@ def _failure(doing: str, e) -> LaunchFailed:
     except (TypeError, ValueError):
         message = ""
     return LaunchFailed("backend", f"kubernetes: cannot {doing}: {e.status} {e.reason}" + (f": {message}" if message else ""))
+
+
+class Launcher(Base):
+    """`--launcher kubernetes` for the coordinator: its options are the --k8s-* flags (SETTINGS)."""
+    name = "kubernetes"
+
+    @staticmethod
+    def unavailable() -> str | None:
+        try:
+            connect()
+        except LaunchFailed as e:
+            return str(e)
+        return None
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.settings = Settings.parse({name: options[name] for name, *_ in SETTINGS if options.get(name) is not None})
+        self.job = ""
+
+    def start(self, run_dir: Path, count: int) -> None:
+        shared = Path(self.settings.mount)
+        jail = json.loads((run_dir / "run.json").read_text()).get("jail", "") if (run_dir / "run.json").exists() else ""
+        for what, path in (("run directory", run_dir), ("jail", jail)):
+            if path and not Path(path).is_relative_to(shared):
+                raise BadSetting(f"{what} {path}: not under --k8s-mount {shared}, the only path the pods share with "
+                                 "this host (run gpujail with TMPDIR, or pytest's --basetemp, under it)")
+        self.run_dir, self.count, self.seen = run_dir, count, (0.0, None)
+        self.cluster = Cluster(self.settings, log=self.log)
+        self.job = self.cluster.apply(render(self.settings, str(run_dir), count))
+
+    def log(self, line: str) -> None:
+        with open(self.run_dir / "kubernetes.log", "a") as f:
+            f.write(line + "\n")
+
+    def gone(self) -> str | None:
+        at, why = self.seen
+        if time.monotonic() - at >= POLL:
+            try:
+                why = "every pod of the Job has ended" if self.cluster.poll(self.job, self.count) else None
+            except LaunchFailed as e:
+                why = str(e)
+            self.seen = (time.monotonic(), why)
+        return why
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if not self.job:
+            return
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and not self.cluster.poll(self.job, self.count):
+                time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
+        except LaunchFailed:
+            pass   # a failed pod has been said by `gone`; the Job goes all the same
+        finally:
+            self.cluster.delete(self.job)
+
+    def leftovers(self, wait: float = 40.0) -> list[str]:
+        """The Job's pods still there after `stop`: they get their grace period (30 s by default)."""
+        if not self.job:
+            return []
+        deadline = time.monotonic() + wait
+        while True:
+            left = [f"kubernetes pod {s.pod} ({s.state})" for s in self.cluster.collect(self.job)]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(POLL)
