@@ -27,6 +27,10 @@ entrypoint: step 1 is the container itself, the driver files are bind-mounted by
 overlay), the harness talks to it over a unix socket named by `listen` in the config instead of
 pipes, and the container's command (the implementation under test, after the config argument) is
 run first, with the container's environment and working directory, as if it were a `run` request.
+
+For the launchers (gpujail/launchers/) a third transport, `FileChannel`: requests and replies as
+files in a run directory on a shared file system, between the coordinator on one machine and the
+node agents (`gpujail node`) on the others, which hold nodes like this one.
 """
 from __future__ import annotations
 

@@ -5,8 +5,6 @@ Also `python -m gpujail node ...`. Everything it needs is in DIR (written by the
 """
 from __future__ import annotations
 
-from gpujail.commands import Stop
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("node", help="the node agent a launcher starts on each node (not for people)",
@@ -19,6 +17,4 @@ def add_parser(sub) -> None:
 
 def node(args) -> int:
     from gpujail.launchers import agent
-    if args.index is not None and args.index < 0:
-        raise Stop("bad-input", f"gpujail node: --index {args.index}: expected a non-negative integer")
     return agent.main(args.run_dir, args.index)

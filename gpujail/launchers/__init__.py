@@ -60,9 +60,10 @@ class Launcher:
 
 
 def agent_argv(run_dir: Path, index: int | None = None) -> list[str]:
-    """The agent's command: this interpreter and this gpujail (a cluster's nodes must reach both at
-    the same paths, e.g. a virtualenv on the shared file system)."""
-    return [sys.executable, "-m", "gpujail", "node", "--run-dir", str(run_dir),
+    """The agent's command (`gpujail node`, as a module: without the command line's imports): this
+    interpreter and this gpujail (a cluster's nodes must reach both at the same paths, e.g. a
+    virtualenv on the shared file system)."""
+    return [sys.executable, "-m", "gpujail.launchers.agent", "--run-dir", str(run_dir),
             *(["--index", str(index)] if index is not None else [])]
 
 

@@ -1,5 +1,8 @@
 """The node agent: `gpujail node --run-dir DIR [--index I]`, one per node of the user's cluster.
 
+(`python -m gpujail.launchers.agent` is the same agent without the command's imports, a second
+less per agent: what the bundled launchers run.)
+
 How this works
 --------------
 Started by a launcher (a local process, a Slurm task, a pod of an Indexed Job) with nothing but the
@@ -139,8 +142,20 @@ class Agent:
 
 
 def main(run_dir: str, index: int | None = None) -> int:
+    if index is not None and index < 0:
+        print(f"gpujail node: --index {index}: expected a non-negative integer", file=sys.stderr)
+        return 2
     d = Path(run_dir)
     if not (d / "run.json").is_file():
         print(f"gpujail node: --run-dir {run_dir}: no run.json there (the coordinator writes it first)", file=sys.stderr)
         return 2
     return Agent(d, index_from_env(index)).serve()
+
+
+if __name__ == "__main__":   # `python -m gpujail.launchers.agent`: `gpujail node` without the command's imports
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m gpujail.launchers.agent", description="the node agent (gpujail node)")
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--index", type=int, default=None)
+    a = ap.parse_args()
+    sys.exit(main(a.run_dir, a.index))
