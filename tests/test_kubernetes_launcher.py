@@ -30,7 +30,10 @@ from gpujail.launchers import kubernetes as k8s
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "kubernetes"
 GOLDEN = Path(__file__).parent / "golden" / "kubernetes"
-RUN_DIR = "/gpujail/runs/r1"   # the recorded responses are for this run: Job gpujail-r1 in namespace gpu
+RUN_DIR = "/gpujail/runs/r1"   # the recorded responses are for this run: Job JOB in namespace gpu
+JOB = k8s.job_name(RUN_DIR)
+UID = "5f1c2a9e-7d3b-4c1e-9a0f-2b6e8d4c1a37"   # its uid, in tests/data/kubernetes/create-job.json
+SELECTORS = (f"batch.kubernetes.io/controller-uid={UID}", f"gpujail.io/run={JOB}")
 
 kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed: pip install '.[kubernetes]'")
 kubernetes_validate = pytest.importorskip("kubernetes_validate",
@@ -153,8 +156,10 @@ def test_run_dir_outside_the_shared_volume_is_refused():
         k8s.render(settings(), "/gpujail-other/r1", 2)   # a prefix of the name is not a parent
 
 
-def test_job_names_are_dns_labels_short_enough_for_pod_hostnames():
-    assert k8s.job_name("/gpujail/runs/Cold_Race.7") == "gpujail-cold-race-7"
+def test_job_names_are_distinct_dns_labels_short_enough_for_pod_hostnames():
+    assert k8s.job_name("/gpujail/runs/Cold_Race.7").startswith("gpujail-cold-race-7-")
+    # every fleet of a run has a directory called `run`: their Jobs must not collide
+    assert k8s.job_name("/gpujail/t/test_a/run") != k8s.job_name("/gpujail/t/test_b/run")
     long = k8s.job_name("/gpujail/runs/" + "x" * 100)
     assert len(long + "-999") <= 63 and k8s.DNS_LABEL.fullmatch(long)
 
@@ -205,12 +210,14 @@ class FakeApi:
         length = int(h.headers.get("Content-Length") or 0)
         body = json.loads(h.rfile.read(length)) if length else None
         self.requests.append((call, url.path, parse_qs(url.query), body))
-        expected = {"create": "/apis/batch/v1/namespaces/gpu/jobs", "list": "/api/v1/namespaces/gpu/pods",
-                    "watch": "/api/v1/namespaces/gpu/pods", "delete": "/apis/batch/v1/namespaces/gpu/jobs/gpujail-r1"}
-        if call == "list" and parse_qs(url.query).get("labelSelector") != ["gpujail.io/run=gpujail-r1"]:
-            expected[call] = "(only the Job's own pods)"
+        paths = {"create": "/apis/batch/v1/namespaces/gpu/jobs", "list": "/api/v1/namespaces/gpu/pods",
+                 "watch": "/api/v1/namespaces/gpu/pods"}
+        known = url.path == paths[call] if call in paths else url.path.startswith("/apis/batch/v1/namespaces/gpu/jobs/")
+        # the Job's own pods only: by its uid (a Job the client created) or by its label
+        if call in ("list", "watch") and parse_qs(url.query).get("labelSelector", [""])[0] not in SELECTORS:
+            known = False
         answers = self.script.get(call)
-        if url.path != expected[call] or not answers:
+        if not known or not answers:
             status, text = 404, json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                             "message": f"no answer for {h.command} {h.path}", "reason": "NotFound", "code": 404})
         else:
@@ -287,27 +294,27 @@ def test_job_applied_followed_collected_and_deleted(fake_api):
     _, _, _, body = api.requests[0]
     assert body == k8s.render(settings(), RUN_DIR, 2)   # the rendered Job, as rendered
     _, _, query, _ = api.requests[2]
-    assert query["labelSelector"] == ["gpujail.io/run=gpujail-r1"] and query["resourceVersion"] == ["48211"]
+    assert query["labelSelector"] == [f"batch.kubernetes.io/controller-uid={UID}"] and query["resourceVersion"] == ["48211"]
     _, _, _, delete = api.requests[-1]
     assert delete["propagationPolicy"] == "Background"   # the pods go with the Job
     assert [(o.index, o.node, o.state, o.exit_code) for o in outcomes] == [
         (0, "gpu-node-a", "succeeded", 0), (1, "gpu-node-b", "succeeded", 0)]
-    assert lines[0] == "kubernetes: created Job gpujail-r1 in namespace gpu"
-    assert "kubernetes: pod gpujail-r1-1-m4v7d (agent index 1 on node gpu-node-b) running" in lines
-    assert lines[-1] == "kubernetes: deleted Job gpujail-r1 and its pods"
+    assert lines[0] == f"kubernetes: created Job {JOB} in namespace gpu"
+    assert f"kubernetes: pod {JOB}-1-m4v7d (agent index 1 on node gpu-node-b) running" in lines
+    assert lines[-1] == f"kubernetes: deleted Job {JOB} and its pods"
 
 
 @pytest.mark.parametrize("watch, outcome, message", [
     ("watch-failed.jsonl", "error",
-     "pod gpujail-r1-1-m4v7d (agent index 1 on node gpu-node-b) failed: container agent exited 1 (Error): "
+     f"pod {JOB}-1-m4v7d (agent index 1 on node gpu-node-b) failed: container agent exited 1 (Error): "
      "gpujail node: cannot make the worker's mount namespace: unshare(CLONE_NEWNS): Operation not permitted"),
     ("watch-unschedulable.jsonl", "backend",
-     "pod gpujail-r1-1-m4v7d (agent index 1) cannot be scheduled: 0/3 nodes are available: 1 node(s) didn't match "
+     f"pod {JOB}-1-m4v7d (agent index 1) cannot be scheduled: 0/3 nodes are available: 1 node(s) didn't match "
      "pod anti-affinity rules"),
     ("watch-image-pull.jsonl", "backend",
-     "pod gpujail-r1-1-m4v7d (agent index 1 on node gpu-node-b) cannot start container agent (ErrImagePull): "
+     f"pod {JOB}-1-m4v7d (agent index 1 on node gpu-node-b) cannot start container agent (ErrImagePull): "
      "failed to pull and unpack image \"registry.example.com/gpujail:0.1\""),
-    ("watch-deleted.jsonl", "error", "pod gpujail-r1-1-m4v7d (agent index 1 on node gpu-node-b) was deleted before it finished"),
+    ("watch-deleted.jsonl", "error", f"pod {JOB}-1-m4v7d (agent index 1 on node gpu-node-b) was deleted before it finished"),
 ])
 def test_a_pod_that_cannot_finish_is_one_line_and_the_job_is_deleted(fake_api, watch, outcome, message):
     api = fake_api(**{**SUCCEEDED, "watch": [(200, watch)]})
@@ -333,8 +340,8 @@ def test_a_watch_that_expires_is_resumed_from_a_new_list(fake_api):
 def test_poll_sees_the_pods_once(fake_api):
     fake_api(list=[(200, "pods-running.json"), (200, "pods-succeeded.json")])
     cluster = k8s.Cluster(settings())
-    assert cluster.poll("gpujail-r1", 2) is False
-    assert cluster.poll("gpujail-r1", 2) is True
+    assert cluster.poll(f"{JOB}", 2) is False
+    assert cluster.poll(f"{JOB}", 2) is True
 
 
 def test_an_api_refusal_is_one_line_and_nothing_is_deleted(fake_api):
@@ -342,7 +349,7 @@ def test_an_api_refusal_is_one_line_and_nothing_is_deleted(fake_api):
     with pytest.raises(k8s.LaunchFailed) as e:
         launch()
     assert e.value.outcome == "backend"
-    assert str(e.value) == ('kubernetes: cannot create Job gpujail-r1 in namespace gpu: 403 Forbidden: jobs.batch is '
+    assert str(e.value) == (f'kubernetes: cannot create Job {JOB} in namespace gpu: 403 Forbidden: jobs.batch is '
                             'forbidden: User "alice" cannot create resource "jobs" in API group "batch" in the namespace "gpu"')
     assert api.calls() == ["create"]
 
@@ -368,7 +375,7 @@ def test_an_unreachable_api_server_is_one_line(fake_api):
     api.server.server_close()   # the kubeconfig now names a port nobody listens on
     cluster = k8s.Cluster(settings())
     cluster.api.configuration.retries = 0
-    with pytest.raises(k8s.LaunchFailed, match=r"^kubernetes: cannot create Job gpujail-r1 in namespace gpu: "
+    with pytest.raises(k8s.LaunchFailed, match=rf"^kubernetes: cannot create Job {JOB} in namespace gpu: "
                                                r"the API server did not answer: "):
         cluster.apply(k8s.render(settings(), RUN_DIR, 2))
 
@@ -404,7 +411,8 @@ def test_launcher_starts_the_job_and_deletes_it_when_the_agents_ended(fake_api, 
     assert la.leftovers() == []
     assert api.calls() == ["create", "list", "list", "list", "delete", "list"]
     log = (run_dir / "kubernetes.log").read_text().splitlines()
-    assert log[0] == "kubernetes: created Job gpujail-r1 in namespace gpu" and log[-1].startswith("kubernetes: deleted Job")
+    job = k8s.job_name(str(run_dir))
+    assert log[0] == f"kubernetes: created Job {job} in namespace gpu" and log[-1] == f"kubernetes: deleted Job {job} and its pods"
 
 
 def test_launcher_says_a_failed_pod_and_still_deletes_the_job(fake_api, run_dir, tmp_path, monkeypatch):
@@ -412,7 +420,7 @@ def test_launcher_says_a_failed_pod_and_still_deletes_the_job(fake_api, run_dir,
     api = fake_api(create=[(201, "create-job.json")], list=[(200, "pods-failed.json")], delete=[(200, "delete-job.json")])
     la = launcher(tmp_path)
     la.start(run_dir, 2)
-    assert la.gone() == ("pod gpujail-r1-1-m4v7d (agent index 1 on node gpu-node-b) failed: container agent exited 1 "
+    assert la.gone() == (f"pod {JOB}-1-m4v7d (agent index 1 on node gpu-node-b) failed: container agent exited 1 "
                          "(Error): gpujail node: cannot make the worker's mount namespace: unshare(CLONE_NEWNS): "
                          "Operation not permitted")
     la.stop(timeout=5)
@@ -473,7 +481,8 @@ def test_interrupted_run_deletes_the_job(fake_api, run_dir, tmp_path, sig):
             proc.wait()
     assert "KeyboardInterrupt" in err and proc.returncode != 0
     assert api.calls()[0] == "create" and api.calls()[-1] == "delete"
-    assert (run_dir / "kubernetes.log").read_text().splitlines()[-1] == "kubernetes: deleted Job gpujail-r1 and its pods"
+    assert (run_dir / "kubernetes.log").read_text().splitlines()[-1] == \
+        f"kubernetes: deleted Job {k8s.job_name(str(run_dir))} and its pods"
 
 
 # -- the command -------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ calls that talk to a cluster: rendering needs nothing but the standard library
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -65,6 +66,7 @@ KEEP_FINISHED = 600      # ttlSecondsAfterFinished: the cluster removes a Job it
 POLL = 2.0               # seconds between two looks at the pods for `Launcher.gone`
 RUN_LABEL = "gpujail.io/run"
 INDEX = "batch.kubernetes.io/job-completion-index"   # the pod annotation Indexed Jobs set
+JOB_UID = "batch.kubernetes.io/controller-uid"        # the pod label the Job controller sets (1.27+)
 # Waiting reasons that no amount of waiting cures (a pod of a Job with restartPolicy Never).
 STUCK = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
          "CreateContainerError", "RunContainerError")
@@ -120,10 +122,12 @@ class Settings:
 
 
 def job_name(run_dir: str) -> str:
-    """gpujail-<the run directory's name>, as a DNS label short enough that the pods' hostnames
-    (<job>-<index>) stay under 63 characters."""
-    base = re.sub(r"[^a-z0-9-]+", "-", Path(run_dir).name.lower()).strip("-")[:40].strip("-")
-    return f"gpujail-{base}" if base else "gpujail"
+    """gpujail-<the run directory's name>-<a digest of its path>: a DNS label, distinct for the
+    fleets of one run (their directories are all called `run`), and short enough that the pods'
+    hostnames (<job>-<index>) stay under 63 characters."""
+    base = re.sub(r"[^a-z0-9-]+", "-", Path(run_dir).name.lower()).strip("-")[:30].strip("-")
+    digest = hashlib.sha1(run_dir.encode()).hexdigest()[:8]
+    return f"gpujail-{base}-{digest}" if base else f"gpujail-{digest}"
 
 
 def render(settings: Settings, run_dir: str, nodes: int, deadline: int = DEADLINE) -> dict:
@@ -282,18 +286,25 @@ class Cluster:
         self.log = log or (lambda line: None)
         from kubernetes import client
         self.batch, self.core = client.BatchV1Api(self.api), client.CoreV1Api(self.api)
+        self.selectors: dict[str, str] = {}   # Job name -> the label selector of its pods
 
     def apply(self, job: dict) -> str:
         name = job["metadata"]["name"]
         with api_errors(f"create Job {name} in namespace {self.settings.namespace}"):
-            self.batch.create_namespaced_job(self.settings.namespace, job)
+            created = self.batch.create_namespaced_job(self.settings.namespace, job)
+        # Its pods are found by this Job's uid: pods of an earlier Job of the same name (a run
+        # directory used again) may still be terminating.
+        self.selectors[name] = f"{JOB_UID}={created.metadata.uid}"
         self.log(f"kubernetes: created Job {name} in namespace {self.settings.namespace}")
         return name
+
+    def selector(self, name: str) -> str:
+        return self.selectors.get(name, f"{RUN_LABEL}={name}")   # a Job this Cluster did not create: by its label
 
     def pods(self, name: str) -> tuple[list[dict], str]:
         """The Job's pods as JSON, and the list's resourceVersion to watch from."""
         with api_errors(f"list the pods of Job {name}"):
-            resp = self.core.list_namespaced_pod(self.settings.namespace, label_selector=f"{RUN_LABEL}={name}",
+            resp = self.core.list_namespaced_pod(self.settings.namespace, label_selector=self.selector(name),
                                                  _preload_content=False)
         listing = json.loads(resp.data)
         return listing.get("items", []), listing["metadata"].get("resourceVersion", "")
@@ -311,7 +322,7 @@ class Cluster:
             w = watch.Watch()
             try:
                 for event in w.stream(self.core.list_namespaced_pod, self.settings.namespace,
-                                      label_selector=f"{RUN_LABEL}={name}", resource_version=version,
+                                      label_selector=self.selector(name), resource_version=version,
                                       timeout_seconds=watch_seconds):
                     if event["type"] in ("ADDED", "MODIFIED", "DELETED") and pods.see(event["type"], event["raw_object"]):
                         return pods.latest
@@ -397,7 +408,10 @@ class Launcher(Base):
 
     def __init__(self, **options):
         super().__init__(**options)
-        self.settings = Settings.parse({name: options[name] for name, *_ in SETTINGS if options.get(name) is not None})
+        # From the plugin's options (the --k8s-* flags, their variables, ini keys); a command that
+        # passes none of them on (`gpujail reproduce`) gets the GPUJAIL_K8S_* variables.
+        self.settings = Settings.parse({name: options[name] if options.get(name) is not None else os.environ.get(env, default)
+                                        for name, env, default, _ in SETTINGS})
         self.job = ""
 
     def start(self, run_dir: Path, count: int) -> None:
