@@ -412,7 +412,8 @@ def test_launcher_starts_the_job_and_deletes_it_when_the_agents_ended(fake_api, 
     assert api.calls() == ["create", "list", "list", "list", "delete", "list"]
     log = (run_dir / "kubernetes.log").read_text().splitlines()
     job = k8s.job_name(str(run_dir))
-    assert log[0] == f"kubernetes: created Job {job} in namespace gpu" and log[-1] == f"kubernetes: deleted Job {job} and its pods"
+    assert log[0] == f"kubernetes: created Job {job} in namespace gpu"
+    assert log[-1] == f"kubernetes: deleted Job {job} and its pods"
 
 
 def test_launcher_says_a_failed_pod_and_still_deletes_the_job(fake_api, run_dir, tmp_path, monkeypatch):
@@ -521,3 +522,34 @@ def test_run_without_a_cluster_is_exit_3(tmp_path):
     r = gpujail("run", "--launcher", "kubernetes", "--k8s-pvc", "p", "--k8s-image", "i",
                 env={"KUBECONFIG": str(tmp_path / "none"), "KUBERNETES_SERVICE_HOST": ""})
     assert r.returncode == 3 and r.stderr.startswith("gpujail: --launcher kubernetes: no Kubernetes cluster configured"), r.stderr
+
+
+@pytest.mark.parametrize("pods, sig", [("pods-failed.json", None), ("pods-running.json", signal.SIGINT)])
+def test_reproduce_through_the_coordinator(fake_api, tmp_path, pods, sig):
+    """`gpujail reproduce cold-race --launcher kubernetes`, the coordinator and all, against the fake
+    API: agents that never come (no cluster runs them). A failed pod ends the run with its one line
+    (exit 5); Ctrl-C ends it with 130. The Job is deleted either way."""
+    api = fake_api(create=[(201, "create-job.json")], list=[(200, pods)], delete=[(200, "delete-job.json")])
+    env = {**os.environ, "TMPDIR": str(tmp_path), "GPUJAIL_K8S_MOUNT": str(tmp_path), "GPUJAIL_K8S_PVC": "gpujail-shared",
+           "GPUJAIL_K8S_IMAGE": "registry.example.com/gpujail:0.1", "GPUJAIL_K8S_NAMESPACE": "gpu"}
+    proc = subprocess.Popen([sys.executable, "-m", "gpujail", "reproduce", "cold-race", "--launcher", "kubernetes",
+                             "--workers", "2", "--out", str(tmp_path / "out")], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if sig:
+            deadline = time.monotonic() + 60
+            while "list" not in api.calls() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert api.calls()[0] == "create" and api.calls()[-1] == "delete", out + err
+    if sig:
+        assert proc.returncode == 130, out + err
+    else:
+        assert proc.returncode == 5 and err.strip().endswith(
+            f"pod {JOB}-1-m4v7d (agent index 1 on node gpu-node-b) failed: container agent exited 1 (Error): gpujail node: "
+            "cannot make the worker's mount namespace: unshare(CLONE_NEWNS): Operation not permitted"), out + err
