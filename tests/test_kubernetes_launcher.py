@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.util import find_spec
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -35,9 +36,16 @@ JOB = k8s.job_name(RUN_DIR)
 UID = "5f1c2a9e-7d3b-4c1e-9a0f-2b6e8d4c1a37"   # its uid, in tests/data/kubernetes/create-job.json
 SELECTORS = (f"batch.kubernetes.io/controller-uid={UID}", f"gpujail.io/run={JOB}")
 
-kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed: pip install '.[kubernetes]'")
-kubernetes_validate = pytest.importorskip("kubernetes_validate",
-                                          reason="kubernetes-validate is not installed: pip install '.[kubernetes]'")
+# Rendering needs only the standard library; the rest needs the `kubernetes` extra (./run-tests installs it).
+MISSING = "{} is not installed: pip install '.[kubernetes]'"
+needs_client = pytest.mark.skipif(find_spec("kubernetes") is None, reason=MISSING.format("the kubernetes client"))
+
+
+@pytest.fixture
+def kv():
+    """kubernetes-validate, the offline schema validator."""
+    return pytest.importorskip("kubernetes_validate", reason=MISSING.format("kubernetes-validate"))
+
 
 OLDEST = "1.30"   # securityContext.appArmorProfile is a field from 1.30 on
 
@@ -97,12 +105,12 @@ def offline(monkeypatch):
 
 @pytest.mark.parametrize("version", [OLDEST, "latest"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_rendered_job_validates_offline(variant, version, offline):
+def test_rendered_job_validates_offline(variant, version, offline, kv):
     from kubernetes_validate.utils import latest_version, major_minor
     v = VARIANTS[variant]
     job = k8s.render(settings(**v["given"]), v.get("run_dir", RUN_DIR), v["nodes"])
     version = major_minor(latest_version()) if version == "latest" else version
-    assert kubernetes_validate.validate(job, version, strict=True) == version   # that version's own schemas
+    assert kv.validate(job, version, strict=True) == version   # that version's own schemas
 
 
 @pytest.mark.parametrize("break_it, where", [
@@ -110,16 +118,16 @@ def test_rendered_job_validates_offline(variant, version, offline):
     (lambda job: job["spec"].update(backoffLimit="0"), "'0' is not of type"),
     (lambda job: job["spec"]["template"]["spec"]["containers"][0].pop("name"), "'name' is a required property"),
 ])
-def test_validation_catches_a_broken_job(break_it, where, offline):
+def test_validation_catches_a_broken_job(break_it, where, offline, kv):
     """The validation is not vacuous: a typo, a wrong type, a missing field each fail it."""
     job = k8s.render(settings(), RUN_DIR, 2)
     break_it(job)
-    with pytest.raises(kubernetes_validate.ValidationError) as e:
-        kubernetes_validate.validate(job, OLDEST, strict=True)
+    with pytest.raises(kv.ValidationError) as e:
+        kv.validate(job, OLDEST, strict=True)
     assert where in e.value.message
 
 
-def test_recorded_objects_are_valid_kubernetes_objects(offline):
+def test_recorded_objects_are_valid_kubernetes_objects(offline, kv):
     """The API's answers the client tests replay are objects the schemas accept, strictly."""
     checked = 0
     for path in sorted(DATA.iterdir()):
@@ -130,7 +138,7 @@ def test_recorded_objects_are_valid_kubernetes_objects(offline):
                 assert doc["status"] in ("Success", "Failure"), path
                 continue
             for obj in doc.get("items", [doc]):
-                kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", **obj}, OLDEST, strict=True)
+                kv.validate({"apiVersion": "v1", "kind": "Pod", **obj}, OLDEST, strict=True)
                 checked += 1
     assert checked > 20
 
@@ -255,6 +263,7 @@ class FakeApi:
 @pytest.fixture
 def fake_api(tmp_path, monkeypatch):
     """Starts a FakeApi with the given answers, and points KUBECONFIG at it."""
+    pytest.importorskip("kubernetes", reason=MISSING.format("the kubernetes client"))
     servers = []
 
     def start(**script) -> FakeApi:
@@ -360,6 +369,7 @@ def test_a_job_already_gone_counts_as_deleted(fake_api):
     assert api.calls()[-1] == "delete"
 
 
+@needs_client
 def test_no_cluster_configured_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -438,6 +448,7 @@ def test_launcher_refuses_a_run_outside_the_shared_volume(fake_api, run_dir, tmp
     assert api.calls() == []
 
 
+@needs_client
 def test_launcher_unavailable_without_a_cluster_says_why(tmp_path, monkeypatch):
     from gpujail import launchers
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
@@ -491,14 +502,14 @@ def gpujail(*args, env=None):
                           env={**os.environ, **(env or {})}, timeout=120)
 
 
-def test_render_writes_the_job_without_a_cluster(tmp_path):
+def test_render_writes_the_job_without_a_cluster(tmp_path, kv):
     r = gpujail("run", "--launcher", "kubernetes", "--render", str(tmp_path / "out"), "--workers", "3",
                 "--k8s-pvc", "gpujail-shared", "--k8s-image", "registry.example.com/gpujail:0.1",
                 env={"KUBECONFIG": str(tmp_path / "none"), "GPUJAIL_K8S_RUNTIME_CLASS": "nvidia"})
     assert r.returncode == 0, r.stderr
     job = json.loads((tmp_path / "out" / "job.json").read_text())
     assert job == k8s.render(settings(**{"k8s-namespace": "default", "k8s-runtime-class": "nvidia"}), "/gpujail/runs/example", 3)
-    kubernetes_validate.validate(job, OLDEST, strict=True)
+    kv.validate(job, OLDEST, strict=True)
 
 
 @pytest.mark.parametrize("args, line", [
@@ -516,6 +527,7 @@ def test_render_bad_input_is_one_line_exit_2(tmp_path, args, line):
     assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
+@needs_client
 def test_run_without_a_cluster_is_exit_3(tmp_path):
     r = gpujail("run", "--launcher", "kubernetes", "--k8s-pvc", "p", "--k8s-image", "i",
                 env={"KUBECONFIG": str(tmp_path / "none"), "KUBERNETES_SERVICE_HOST": ""})
