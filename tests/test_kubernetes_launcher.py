@@ -456,6 +456,23 @@ def test_launcher_unavailable_without_a_cluster_says_why(tmp_path, monkeypatch):
     assert launchers.unavailable("kubernetes").startswith("no Kubernetes cluster configured: ")
 
 
+def signalled(proc: subprocess.Popen, api: FakeApi, sig, lists: int) -> tuple[str, str]:
+    """Once the process has listed the pods `lists` times, send it `sig` (None: none); its output.
+    It is killed if it outlives this."""
+    try:
+        deadline = time.monotonic() + 60
+        while sig and api.calls().count("list") < lists and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        if sig:
+            assert api.calls().count("list") >= lists, f"the launcher did not look at the pods: {proc.communicate()}"
+            proc.send_signal(sig)
+        return proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 STOPPING = """
 import sys
 from pathlib import Path
@@ -478,17 +495,7 @@ def test_interrupted_while_stopping_still_deletes_the_job(fake_api, run_dir, tmp
         "import signal\ndef stop(*_): raise KeyboardInterrupt\nsignal.signal(signal.SIGTERM, stop)\n" + STOPPING
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(run_dir)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
-    try:
-        deadline = time.monotonic() + 60
-        while api.calls().count("list") < 2 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert api.calls().count("list") >= 2, f"the launcher never looked at the pods twice: {proc.communicate()}"
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    out, err = signalled(proc, api, sig, lists=2)
     assert "KeyboardInterrupt" in err and proc.returncode != 0
     assert api.calls()[0] == "create" and api.calls()[-1] == "delete", api.calls()
     assert (run_dir / "kubernetes.log").read_text().splitlines()[-1] == \
@@ -545,17 +552,7 @@ def test_reproduce_through_the_coordinator(fake_api, tmp_path, pods, sig):
     proc = subprocess.Popen([sys.executable, "-m", "gpujail", "reproduce", "cold-race", "--launcher", "kubernetes",
                              "--workers", "2", "--out", str(tmp_path / "out")], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        if sig:
-            deadline = time.monotonic() + 60
-            while "list" not in api.calls() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            proc.send_signal(sig)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    out, err = signalled(proc, api, sig, lists=1)
     assert api.calls()[0] == "create" and api.calls()[-1] == "delete", out + err
     if sig:
         assert proc.returncode == 130, out + err
