@@ -215,7 +215,8 @@ class Suite:
         if not path:
             return
         report = {"run_info": {"implementation": self.value("impl"), "backend": self.value("backend"),
-                               "contract_version": CONTRACT_VERSION, "seed": self.value("seed")},
+                               "contract_version": CONTRACT_VERSION, "seed": self.value("seed"),
+                               **({"launcher": self.value("launcher")} if self.value("launcher") else {})},
                   "requirements": by_requirement(self.by_requirement),
                   "uncited": [r for r in REQUIREMENTS if r not in self.by_requirement and r not in PENDING
                               and not r.startswith(HARNESS_FAMILIES)],

@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-from gpujail.backends.kernel import precondition
-from gpujail.contract import start_worker
 from gpujail.fixtures.jail import make_jail
+
+from gpujail.backends.kernel import precondition
+from gpujail.backends.node import FileChannel
+from gpujail.contract import start_worker
 from gpujail.launchers import coordinator, fleet_class, local
 from gpujail.launchers.agent import index_from_env
-
-from gpujail.backends.node import FileChannel
 from gpujail.world import history
 
 pytestmark = pytest.mark.kernel

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpujail import launchers
 from gpujail.backends.kernel import precondition
 from gpujail.launchers import slurm
-
 from gpujail.spec import EXIT
 
 NO_SLURM = launchers.unavailable("slurm")

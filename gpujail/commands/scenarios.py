@@ -117,6 +117,7 @@ def keep_clocks(args, run_dir: Path, out: Path) -> str:
         return ""
     import json
     import shutil
+
     from gpujail.launchers.coordinator import clock_line
     shutil.copy(run_dir / "clocks.json", out / "clocks.json")
     return clock_line(json.loads((out / "clocks.json").read_text()))

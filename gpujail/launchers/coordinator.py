@@ -81,14 +81,15 @@ class Agent:
     def call(self, req: dict, timeout: float | None = None) -> dict:
         return self.channel.call(req, self.gone, timeout)
 
-    def meet(self) -> None:
-        """Wait for the agent's hello, then measure its clock offset (module docstring, step 2)."""
-        deadline = time.monotonic() + HELLO_TIMEOUT
+    def wait_hello(self, deadline: float) -> None:
         while not (self.dir / "agent.json").exists():
             if (why := self.gone()) or time.monotonic() > deadline:
                 raise RuntimeError(why or f"agent {self.index} did not start within {HELLO_TIMEOUT:g} s")
             time.sleep(0.01)
         self.hello = json.loads((self.dir / "agent.json").read_text())
+
+    def meet(self) -> None:
+        """Measure the agent's clock offset (module docstring, step 2)."""
         best = None
         for _ in range(ROUNDS):
             t0 = time.monotonic()
@@ -177,6 +178,9 @@ class Fleet(kernel.Fleet):
         try:
             self.launcher.start(self.run_dir, count)
             self.agents = [Agent(self, i) for i in range(count)]
+            deadline = time.monotonic() + HELLO_TIMEOUT
+            for a in self.agents:   # every agent up first: one still starting would slow the others' round trips
+                a.wait_hello(deadline)
             for a in self.agents:
                 a.meet()
         except BaseException:
