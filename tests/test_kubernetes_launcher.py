@@ -47,7 +47,7 @@ def kv():
     return pytest.importorskip("kubernetes_validate", reason=MISSING.format("kubernetes-validate"))
 
 
-OLDEST = "1.30"   # securityContext.appArmorProfile is a field from 1.30 on
+OLDEST = k8s.OLDEST
 
 
 def settings(**given) -> k8s.Settings:
@@ -125,6 +125,16 @@ def test_validation_catches_a_broken_job(break_it, where, offline, kv):
     with pytest.raises(kv.ValidationError) as e:
         kv.validate(job, OLDEST, strict=True)
     assert where in e.value.message
+
+
+def test_the_command_says_why_a_job_does_not_validate(offline, kv):
+    job = k8s.render(settings(), RUN_DIR, 2)
+    assert k8s.validate(job).startswith("valid for Kubernetes 1.30")
+    job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = "SYS_ADMIN"
+    with pytest.raises(k8s.BadSetting, match=r"^the rendered Job does not validate against Kubernetes 1.30: "
+                                             r"spec.template.spec.containers.0.securityContext.capabilities.add: "
+                                             r"'SYS_ADMIN' is not of type 'array', 'null'$"):
+        k8s.validate(job)
 
 
 def test_recorded_objects_are_valid_kubernetes_objects(offline, kv):
@@ -514,6 +524,7 @@ def test_render_writes_the_job_without_a_cluster(tmp_path, kv):
                 "--k8s-pvc", "gpujail-shared", "--k8s-image", "registry.example.com/gpujail:0.1",
                 env={"KUBECONFIG": str(tmp_path / "none"), "GPUJAIL_K8S_RUNTIME_CLASS": "nvidia"})
     assert r.returncode == 0, r.stderr
+    assert "valid for Kubernetes 1.30 and later (kubernetes-validate, offline, strict)" in r.stdout
     job = json.loads((tmp_path / "out" / "job.json").read_text())
     assert job == k8s.render(settings(**{"k8s-namespace": "default", "k8s-runtime-class": "nvidia"}), "/gpujail/runs/example", 3)
     kv.validate(job, OLDEST, strict=True)

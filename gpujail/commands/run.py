@@ -138,12 +138,13 @@ def render(args) -> int:
             raise options.BadInput(f"--workers {args.workers}: expected at least 1 (one agent, one pod per worker)")
         settings = kubernetes.Settings.parse({name: getattr(args, name.replace("-", "_")) for name, *_ in kubernetes.SETTINGS})
         job = kubernetes.render(settings, f"{settings.mount.rstrip('/')}/runs/example", int(args.workers))
+        valid = kubernetes.validate(job)
         path = kubernetes.write(job, args.render)
     except (kubernetes.BadSetting, options.BadInput) as e:
         raise Stop("bad-input", str(e)) from None
     except OSError as e:
         raise Stop("bad-input", f"--render {args.render}: cannot write there: {e.strerror}") from None
-    print(f"wrote {path}: an Indexed Job of {args.workers} agents, one pod per node, not applied "
+    print(f"wrote {path}: an Indexed Job of {args.workers} agents, one pod per node, {valid}; not applied "
           f"(gpujail run --launcher kubernetes applies one per fleet and deletes it)", file=terminal())
     return EXIT["passed"]
 

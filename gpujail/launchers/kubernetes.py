@@ -12,7 +12,8 @@ and judged through the run directory, as with every launcher.
                              pod per node), the user's ReadWriteMany claim mounted at the same path
                              as on the coordinator's host (so RUN_DIR and the jail are the same
                              paths in every pod), the user's image, runtime class and node selector
-    write(job, dir)          `--render DIR`: DIR/job.json (JSON is YAML: `kubectl apply -f DIR`)
+    write(job, dir)          `--render DIR`: DIR/job.json (JSON is YAML: `kubectl apply -f DIR`),
+                             checked by `validate` against the bundled schemas when installed
     apply(job)               create it through the official `kubernetes` client (the user's
                              kubeconfig, or the service account when the coordinator runs in a pod)
     follow(name, nodes)      list the Job's pods, then watch them from that list's resourceVersion
@@ -61,6 +62,7 @@ SETTINGS = [
      "nvidia.com/gpu each pod requests from the device plugin; 0: NVIDIA_VISIBLE_DEVICES=all instead"),
     ("k8s-node-selector", "GPUJAIL_K8S_NODE_SELECTOR", "", "KEY=VALUE[,KEY=VALUE...] the nodes must carry"),
 ]
+OLDEST = "1.30"          # the oldest Kubernetes the Job is for: securityContext.appArmorProfile is GA from 1.30
 DEADLINE = 3600          # the Job's activeDeadlineSeconds unless the coordinator says otherwise
 KEEP_FINISHED = 600      # ttlSecondsAfterFinished: the cluster removes a Job its coordinator could not
 POLL = 2.0               # seconds between two looks at the pods for `Launcher.gone`
@@ -195,6 +197,21 @@ def write(job: dict, out_dir: str | Path) -> Path:
     path = out / "job.json"
     path.write_text(json.dumps(job, indent=2) + "\n")
     return path
+
+
+def validate(job: dict) -> str:
+    """The Job checked strictly (no unknown field) against the Kubernetes OLDEST schemas that
+    kubernetes-validate bundles (offline), as one line; BadSetting when it does not pass."""
+    try:
+        import kubernetes_validate
+    except ImportError:
+        return "not validated: pip install 'gpujail[kubernetes]' for the offline schema check"
+    try:
+        kubernetes_validate.validate(job, OLDEST, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        where = ".".join(str(p) for p in e.absolute_path)
+        raise BadSetting(f"the rendered Job does not validate against Kubernetes {OLDEST}: {where}: {e.message}") from None
+    return f"valid for Kubernetes {OLDEST} and later (kubernetes-validate, offline, strict)"
 
 
 # -- the pods, as the API describes them ---------------------------------------------------------
