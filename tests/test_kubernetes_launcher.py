@@ -90,6 +90,7 @@ def test_rendered_job_is_what_the_agents_need():
     (agent,) = pod["containers"]
     assert agent["command"] == ["gpujail", "node", "--run-dir", RUN_DIR]   # the index: JOB_COMPLETION_INDEX
     assert agent["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+    assert agent["terminationMessagePolicy"] == "FallbackToLogsOnError"   # the agent's last words reach the one line
     assert RUN_DIR.startswith(agent["volumeMounts"][0]["mountPath"] + "/")
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "gpujail-shared"
     assert pod["runtimeClassName"] == "nvidia" and pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}

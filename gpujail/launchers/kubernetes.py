@@ -6,7 +6,8 @@ The coordinator has written RUN_DIR/run.json on the shared file system; this mod
 agents (`gpujail node --run-dir RUN_DIR`) and follows them, nothing more: the scenario is driven
 and judged through the run directory, as with every launcher.
 
-    render(run_dir, nodes)   the Job as a dict: `completionMode: Indexed`, completions = parallelism
+    render(settings, run_dir, nodes)
+                             the Job as a dict: `completionMode: Indexed`, completions = parallelism
                              = nodes (Kubernetes gives each pod JOB_COMPLETION_INDEX, the agent's
                              index), a required pod anti-affinity on kubernetes.io/hostname (one
                              pod per node), the user's ReadWriteMany claim mounted at the same path
@@ -69,7 +70,8 @@ POLL = 2.0               # seconds between two looks at the pods for `Launcher.g
 RUN_LABEL = "gpujail.io/run"
 INDEX = "batch.kubernetes.io/job-completion-index"   # the pod annotation Indexed Jobs set
 JOB_UID = "batch.kubernetes.io/controller-uid"        # the pod label the Job controller sets (1.27+)
-# Waiting reasons that no amount of waiting cures (a pod of a Job with restartPolicy Never).
+# Waiting reasons that end the run (a pod of a Job with restartPolicy Never): a wrong or unauthorised
+# image, a bad pod spec. A registry's passing hiccup ends it too, rather than a wait of unknown length.
 STUCK = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
          "CreateContainerError", "RunContainerError")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -147,6 +149,9 @@ def render(settings: Settings, run_dir: str, nodes: int, deadline: int = DEADLIN
         "image": settings.image,
         "command": ["gpujail", "node", "--run-dir", run_dir],   # the index: JOB_COMPLETION_INDEX
         "volumeMounts": [{"name": "shared", "mountPath": settings.mount}],
+        # The agent says why it failed on stderr: the kubelet puts its last lines in the pod's status
+        # (containerStatuses[].state.terminated.message), which `pod_state` quotes.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         # The agent makes a mount namespace per worker and bind-mounts driver files in it (as the
         # kernel backend does): unshare(CLONE_NEWNS) and mount(2) need CAP_SYS_ADMIN. The runtime's
         # default seccomp and AppArmor profiles refuse mount(2) even then, so both are Unconfined;
