@@ -101,6 +101,8 @@ def add_launcher_flags(p, env: dict, help_of: dict) -> None:
 def cmd_run(args, pytest_args: list[str]) -> int:
     if args.render:   # the manifests only: no suite runs, no cluster is asked
         return running.render(args)
+    if args.launcher == "kubernetes":   # bad input before asking for a cluster
+        running.k8s_settings(args)
     check_impl(args.impl)
     check_backend(args.backend)
     check_launcher(args)

@@ -539,6 +539,8 @@ def test_render_writes_the_job_without_a_cluster(tmp_path, kv):
      "gpujail: --k8s-node-selector 'x': 'x' is not KEY=VALUE"),
     (["--launcher", "kubernetes", "--render", "OUT", "--k8s-image", "i", "--k8s-pvc", "p", "--workers", "0"],
      "gpujail: --workers 0: expected at least 1"),
+    (["--launcher", "kubernetes", "--k8s-image", "i"],   # a run, no cluster: the bad input is said first
+     "gpujail: --k8s-pvc: required with --launcher kubernetes"),
 ])
 def test_render_bad_input_is_one_line_exit_2(tmp_path, args, line):
     r = gpujail("run", *[str(tmp_path / "out") if a == "OUT" else a for a in args])

@@ -118,10 +118,24 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
     return exit_code
 
 
+def k8s_names() -> list[str]:
+    from gpujail.launchers.kubernetes import SETTINGS
+    return [name for name, *_ in SETTINGS]
+
+
 def k8s_flags(args) -> list[str]:
     """The --k8s-* flags given, passed on to the plugin with --launcher kubernetes."""
-    from gpujail.launchers.kubernetes import SETTINGS
-    return [name for name, *_ in SETTINGS if getattr(args, name.replace("-", "_"), "")]
+    return [name for name in k8s_names() if getattr(args, name.replace("-", "_"), "")]
+
+
+def k8s_settings(args):
+    """The --k8s-* flags, checked (`Stop` with one line when one is wrong)."""
+    from gpujail.commands import Stop
+    from gpujail.launchers import kubernetes
+    try:
+        return kubernetes.Settings.parse({name: getattr(args, name.replace("-", "_")) for name in k8s_names()})
+    except kubernetes.BadSetting as e:
+        raise Stop("bad-input", str(e)) from None
 
 
 def render(args) -> int:
@@ -133,10 +147,10 @@ def render(args) -> int:
     from gpujail.launchers import kubernetes
     if args.launcher != "kubernetes":
         raise Stop("bad-input", f"--render {args.render}: only with --launcher kubernetes")
+    settings = k8s_settings(args)
     try:
         if options.check_count(options.flag("workers", args.workers)) < 1:
             raise options.BadInput(f"--workers {args.workers}: expected at least 1 (one agent, one pod per worker)")
-        settings = kubernetes.Settings.parse({name: getattr(args, name.replace("-", "_")) for name, *_ in kubernetes.SETTINGS})
         job = kubernetes.render(settings, f"{settings.mount.rstrip('/')}/runs/example", int(args.workers))
         valid = kubernetes.validate(job)
         path = kubernetes.write(job, args.render)
