@@ -6,7 +6,8 @@
 - The client code runs the official `kubernetes` client, configured from a kubeconfig file as a
   user's is, against a local HTTP server (`FakeApi`, on 127.0.0.1) answering the API paths it calls
   with JSON in the API's shapes (tests/data/kubernetes/: create Job, list pods, watch events,
-  delete). These were written from the Kubernetes 1.30 API reference, not captured from a cluster;
+  delete). These were written from the Kubernetes 1.30 API reference, not captured from a cluster,
+  by tests/data/kubernetes/make.py (run it again when the rendered Job changes);
   `test_recorded_objects_are_valid_kubernetes_objects` checks each against the same schemas.
 """
 from __future__ import annotations
@@ -141,7 +142,7 @@ def test_the_command_says_why_a_job_does_not_validate(offline, kv):
 def test_recorded_objects_are_valid_kubernetes_objects(offline, kv):
     """The API's answers the client tests replay are objects the schemas accept, strictly."""
     checked = 0
-    for path in sorted(DATA.iterdir()):
+    for path in sorted([*DATA.glob("*.json"), *DATA.glob("*.jsonl")]):
         docs = [json.loads(ln)["object"] for ln in path.read_text().splitlines()] if path.suffix == ".jsonl" \
             else [json.loads(path.read_text())]
         for doc in docs:
