@@ -182,34 +182,21 @@ def cond(t, status, reason=None, message=None, ts="2026-11-30T10:00:02Z"):
     return c
 
 
-sched = lambda: [
-    cond("PodReadyToStartContainers", "False"),
-    cond("Initialized", "True"),
-    cond("Ready", "False", "ContainersNotReady", "containers with unready status: [agent]"),
-    cond("ContainersReady", "False", "ContainersNotReady", "containers with unready status: [agent]"),
-    cond("PodScheduled", "True"),
-]
-running = lambda: [
-    cond("PodReadyToStartContainers", "True"),
-    cond("Initialized", "True"),
-    cond("Ready", "True"),
-    cond("ContainersReady", "True"),
-    cond("PodScheduled", "True"),
-]
-done = lambda: [
-    cond("PodReadyToStartContainers", "False"),
-    cond("Initialized", "True"),
-    cond("Ready", "False", "PodCompleted"),
-    cond("ContainersReady", "False", "PodCompleted"),
-    cond("PodScheduled", "True"),
-]
-failed_c = lambda: [
-    cond("PodReadyToStartContainers", "False"),
-    cond("Initialized", "True"),
-    cond("Ready", "False", "PodFailed"),
-    cond("ContainersReady", "False", "PodFailed"),
-    cond("PodScheduled", "True"),
-]
+def conditions(started: bool, ready: bool, reason=None, message=None) -> list[dict]:
+    """A scheduled pod's conditions, as the kubelet sets them."""
+    return [
+        cond("PodReadyToStartContainers", str(started)),
+        cond("Initialized", "True"),
+        cond("Ready", str(ready), reason, message),
+        cond("ContainersReady", str(ready), reason, message),
+        cond("PodScheduled", "True"),
+    ]
+
+
+sched = conditions(False, False, "ContainersNotReady", "containers with unready status: [agent]")
+running = conditions(True, True)
+done = conditions(False, False, "PodCompleted")
+failed_c = conditions(False, False, "PodFailed")
 creating = {"waiting": {"reason": "ContainerCreating"}}
 run_state = {"running": {"startedAt": "2026-11-30T10:00:04Z"}}
 ok_state = {
@@ -256,15 +243,15 @@ def lifecycle(i, end="ok"):
     rv += 1
     evs.append(ev("MODIFIED", pod(i, sfx[i], rv, conditions=[cond("PodScheduled", "True")])))
     rv += 1
-    evs.append(ev("MODIFIED", pod(i, sfx[i], rv, nodes[i], conditions=sched(), cstate=creating)))
+    evs.append(ev("MODIFIED", pod(i, sfx[i], rv, nodes[i], conditions=sched, cstate=creating)))
     rv += 1
-    evs.append(ev("MODIFIED", pod(i, sfx[i], rv, nodes[i], "Running", running(), run_state, True, True)))
+    evs.append(ev("MODIFIED", pod(i, sfx[i], rv, nodes[i], "Running", running, run_state, True, True)))
     if end == "ok":
         rv += 1
-        evs.append(ev("MODIFIED", pod(i, sfx[i], rv, nodes[i], "Succeeded", done(), ok_state)))
+        evs.append(ev("MODIFIED", pod(i, sfx[i], rv, nodes[i], "Succeeded", done, ok_state)))
     else:
         rv += 1
-        evs.append(ev("MODIFIED", pod(i, sfx[i], rv, nodes[i], "Failed", failed_c(), bad_state)))
+        evs.append(ev("MODIFIED", pod(i, sfx[i], rv, nodes[i], "Failed", failed_c, bad_state)))
     return evs
 
 
@@ -350,7 +337,7 @@ pull = pod(
     sfx[1],
     rv,
     nodes[1],
-    conditions=sched(),
+    conditions=sched,
     cstate={
         "waiting": {
             "reason": "ErrImagePull",
