@@ -28,6 +28,8 @@ absolute times drift on shared machines. `--quick` repeats less (a smoke run, al
   memory       peak memory of a 128-worker run (harness and every node process)
   qualify      `gpujail qualify` wall time (two processes, start to both exits) per jail filesystem:
                local, gluster, nodelocal-locks (one client per side), against local
+  launchers    node agents (gpujail/launchers/): starts/s through the local launcher and srun, time
+               from `gpujail run --launcher X` to cold-race's verdict, clock uncertainty at rendezvous
 """
 from __future__ import annotations
 
@@ -405,6 +407,69 @@ def qualify(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 
 FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "windows": windows, "starts": starts, "paths": paths,
            "docker": docker, "model": model, "suites": suites, "memory": memory, "qualify": qualify}
+
+
+# -- launchers: node agents started locally and through srun (issue 19) ----------------------------------
+
+def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """The same work through node agents (gpujail/launchers/): worker starts/s with 16 workers on a
+    warm jail, the kernel backend's own nodes against agents of the local launcher against agents
+    of one srun step (when a Slurm cluster answers: scripts/slurm-cluster.sh); the time from
+    `gpujail run --launcher X` to the verdict of cold-race; the clock-offset uncertainty measured at
+    the agents' rendezvous."""
+    from gpujail import launchers as launching
+    names = ["local"] + (["slurm"] if not launching.unavailable("slurm") else [])
+    classes = {"none": kernel.Fleet, **{n: launching.fleet_class(n, agents=16, nodes="1") for n in names}}
+    rows, raw = [], {}
+    rate, up, uncertainty = {}, {}, {}
+    for name, cls in classes.items():
+        rates, ups, clocks = [], [], []
+        for rep in range(1 if quick else 3):
+            jail = make_jail(tmp / f"jail-{name}-{rep}")
+            t0 = time.monotonic()
+            with cls.recording(jail, tmp / f"run-{name}-{rep}") as fleet:
+                ups.append(time.monotonic() - t0)
+                assert start_worker(fleet, "prewarm", "reference").ready
+                ready, wall = start_many(fleet, "reference", 16, "w")
+                clocks += [a.clock["uncertainty"] for a in getattr(fleet, "agents", [])]
+            rates.append(ready / wall)
+        rate[name], up[name], uncertainty[name] = median(rates), median(ups), clocks
+        raw[f"starts/{name}"] = {"starts_per_s": [round(r, 2) for r in rates], "fleet_up_s": [round(u, 3) for u in ups],
+                                 "clock_uncertainty_s": clocks}
+    for name in names:
+        base = "none" if name == "local" else "local"
+        rows.append(Row(f"starts/s, reference, warm, 16 workers, {name} launcher", f"{rate[name]:.1f}/s",
+                        f"{'kernel backend (no agents)' if base == 'none' else 'local launcher'} {rate[base]:.1f}/s",
+                        ratio(rate[name], rate[base])))
+        rows.append(Row(f"16 agents up and met (rendezvous), {name} launcher", ms(up[name])))
+        rows.append(Row(f"clock-offset uncertainty at rendezvous, {name} launcher, 16 agents",
+                        f"max {ms(max(uncertainty[name]))}", f"median {ms(median(uncertainty[name]))}"))
+    if "slurm" not in names:
+        rows.append(Row("slurm launcher", f"not measured: {launching.unavailable('slurm')}"))
+    verdict = {}
+    command = [sys.executable, "-m", "gpujail", "run", "--impl", "reference", "-n", "1", "--reports", str(tmp / "reports"),
+               "chaos", "-k", "test_scenario and cold-race and not random"]
+    subprocess.run(command, capture_output=True, timeout=900)   # untimed: the once-per-host self-checks
+    for name in ["none", *names]:
+        times = []
+        for _ in range(1 if quick else 3):
+            t0 = time.monotonic()
+            r = subprocess.run(command + ([] if name == "none" else ["--launcher", name, "--nodes", "1"]),
+                               capture_output=True, text=True, timeout=900)
+            times.append(time.monotonic() - t0)
+            if r.returncode != EXIT["passed"]:
+                raise RuntimeError(f"gpujail run --launcher {name}: exit {r.returncode}: {r.stdout[-500:]}")
+        verdict[name] = median(times)
+        raw[f"verdict/{name}"] = {"seconds": [round(x, 2) for x in times]}
+    for name in names:
+        base = "none" if name == "local" else "local"
+        rows.append(Row(f"gpujail run --launcher {name} to the verdict of cold-race (8 workers, reference)",
+                        f"{verdict[name]:.1f} s", f"{'no launcher' if base == 'none' else 'local'} {verdict[base]:.1f} s",
+                        ratio(verdict[name], verdict[base])))
+    return rows, raw
+
+
+FIGURES["launchers"] = launchers   # issue 19: node agents, locally and through srun
 
 
 def table(rows: list[Row]) -> str:

@@ -13,6 +13,7 @@ How this works
     gpujail explore find|replay IMPL ...
     gpujail bench [--quick] [--only FIGURE ...]
     gpujail qualify PATH [--timeout SECONDS]      (on two nodes sharing PATH)
+    gpujail node --run-dir DIR [--index I]       (the node agent a launcher starts: --launcher)
 
 This module parses the command line and checks the input a subcommand depends on (the
 implementation, the backend, the expectations file: the same checks as the pytest plugin's, so a
@@ -49,6 +50,7 @@ from gpujail.commands import (
     stop_on_signals,
     tools,
 )
+from gpujail.commands import node as agent
 from gpujail.commands import run as running
 from gpujail.spec import EXIT
 
@@ -85,14 +87,38 @@ def check_jail_fs(kind: str, backend: str) -> None:
     reason = jailfs.unavailable(kind)
     if reason:
         raise Stop("backend", f"--jail-fs {kind}: {reason}")
+def check_launcher(args) -> None:
+    """--launcher (with --nodes): a known name, and usable from here (exit 3 when not: no Slurm)."""
+    from gpujail import launchers
+    if not args.launcher:
+        return
+    try:
+        options.check_launcher(options.flag("launcher", args.launcher))
+        if args.nodes:
+            options.check_count(options.flag("nodes", args.nodes))
+    except options.BadInput as e:
+        raise Stop("bad-input", str(e)) from None
+    reason = launchers.unavailable(args.launcher)
+    if reason:
+        raise Stop("backend", f"--launcher {args.launcher}: {reason}")
+
+
+def add_launcher_flags(p, env: dict, help_of: dict) -> None:
+    for name in ("launcher", "nodes", "partition", "account"):
+        p.add_argument(f"--{name}", default=env[name], help=help_of[name])
 
 
 # -- the subcommands that need these checks --------------------------------------------------
 
 def cmd_run(args, pytest_args: list[str]) -> int:
+    if args.render:   # the manifests only: no suite runs, no cluster is asked
+        return running.render(args)
+    if args.launcher == "kubernetes":   # bad input before asking for a cluster
+        running.k8s_settings(args)
     check_impl(args.impl)
     check_backend(args.backend)
     check_jail_fs(args.jail_fs, args.backend)
+    check_launcher(args)
     try:
         options.check_workers(options.flag("workers", args.workers))
         options.check_seconds(options.flag("start-timeout", args.start_timeout))
@@ -111,6 +137,7 @@ def cmd_reproduce(args) -> int:
         raise Stop("bad-input", str(e)) from None
     check_impl(args.impl)
     check_backend("kernel")   # the chaos runner's backend
+    check_launcher(args)
     return scenarios.reproduce(args, sc)
 
 
@@ -147,6 +174,11 @@ def parser() -> Parser:
     run.add_argument("-m", help="pytest marker expression, e.g. scale for the 128-worker run")
     run.add_argument("-k", help="pytest keyword expression")
     run.add_argument("-v", "--verbose", action="store_true", help="show pytest's output instead of a progress line")
+    add_launcher_flags(run, env, help_of)
+    from gpujail.launchers.kubernetes import SETTINGS as K8S
+    for name, *_ in K8S:
+        run.add_argument(f"--{name}", default=env[name], help=help_of[name])
+    run.add_argument("--render", metavar="DIR", help="--launcher kubernetes: write the Job to DIR/job.json, apply nothing")
 
     rep = sub.add_parser("reproduce", help="run one chaos scenario and show its verdict, chain and timeline")
     rep.add_argument("scenario", help="a name from `gpujail scenarios`, or a scenario TOML file")
@@ -155,17 +187,19 @@ def parser() -> Parser:
     rep.add_argument("--workers", default=env["workers"], help=help_of["workers"])
     rep.add_argument("--random", action="store_true", help="add the seeded random timing (the '-random-seed+N' tests)")
     rep.add_argument("--out", help="where to keep history, final state and timeline")
+    add_launcher_flags(rep, env, help_of)
 
     sc = sub.add_parser("scenarios", help="list the chaos scenarios, one line each (or check scenario files)")
     sc.add_argument("files", nargs="*", help="scenario TOML files to check and describe instead")
     sub.add_parser("failpoints", help="list the failpoints and the GPUJAIL_FAILPOINTS term syntax")
     tools.add_parsers(sub)
     qualify.add_parser(sub)
+    agent.add_parser(sub)
     return top
 
 
 COMMANDS = {"reproduce": cmd_reproduce, "scenarios": scenarios.scenarios, "failpoints": scenarios.failpoints,
-            **tools.COMMANDS, "qualify": qualify.qualify}
+            **tools.COMMANDS, "qualify": qualify.qualify, "node": agent.node}
 
 
 def main(argv: list[str] | None = None) -> int:

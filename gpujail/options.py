@@ -22,6 +22,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpujail.launchers import kubernetes
 from gpujail.spec import DEFAULT_WORKERS, START_TIMEOUT
 
 
@@ -61,7 +62,16 @@ OPTIONS = [
            "or 'nodelocal-locks' (a bindfs view per node: flock serialises only within a node); kernel backend"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
+    Option("launcher", "GPUJAIL_LAUNCHER", "",
+           "start each worker's node through node agents (`gpujail node`) launched by: local | slurm | kubernetes "
+           "(default: none, the backend's own nodes)"),
+    Option("nodes", "GPUJAIL_NODES", "",
+           "--launcher: how many cluster nodes to ask for (default: one per agent; fewer puts several agents on a node)"),
+    Option("partition", "GPUJAIL_PARTITION", "", "--launcher slurm: the partition of the agents' job"),
+    Option("account", "GPUJAIL_ACCOUNT", "", "--launcher slurm: the account charged for the agents' job"),
 ]
+# --launcher kubernetes: the --k8s-* settings (gpujail/launchers/kubernetes.py's table).
+OPTIONS += [Option(*setting) for setting in kubernetes.SETTINGS]
 BY_NAME = {o.name: o for o in OPTIONS}
 PATHS = ("expectations", "gpujail-report")   # values shown as they are in messages; the others quoted
 SELF_CHECK_MODES = ("once", "always")
@@ -286,6 +296,27 @@ def check_jail_fs(v: Value, backend: Value) -> None:
     if v.text != "local" and backend.text != "kernel":
         raise BadInput(f"{v.label}: needs --backend kernel (given {backend.text!r}): only its nodes mount their "
                        "own client of the jail")
+def check_launcher(v: Value) -> str:
+    """--launcher: '' (none) or one of gpujail.launchers.NAMES; --nodes with it a count."""
+    from gpujail.launchers import NAMES
+    if v.text and v.text not in NAMES:
+        raise BadInput(f"{v.label}: expected one of {', '.join(NAMES)}")
+    return v.text
+
+
+def launcher_options(values: dict[str, Value]) -> dict[str, str | int]:
+    """What a launcher is given (gpujail.launchers.fleet_class): the agents (one per GPU worker of
+    --workers), --nodes, --partition, --account."""
+    if values["nodes"].text:
+        check_count(values["nodes"])
+    k8s = {name: values[name].text for name, *_ in kubernetes.SETTINGS}
+    if values["launcher"].text == "kubernetes":
+        try:
+            kubernetes.Settings.parse(k8s)
+        except kubernetes.BadSetting as e:
+            raise BadInput(str(e)) from None
+    return {"agents": int(values["workers"].text), "nodes": values["nodes"].text,
+            "partition": values["partition"].text, "account": values["account"].text, **k8s}
 
 
 def check_self_checks(v: Value) -> None:
@@ -329,5 +360,7 @@ def check_all(read) -> tuple[dict[str, Value], dict]:
     real_cli(values["cli"])
     check_self_checks(values["self-checks"])
     check_jail_fs(values["jail-fs"], values["backend"])
+    check_launcher(values["launcher"])
+    launcher_options(values)
     check_impl(values["impl"])
     return values, load_expectations(values["expectations"])

@@ -217,7 +217,8 @@ class Suite:
         if not path:
             return
         report = {"run_info": {"implementation": self.value("impl"), "backend": self.value("backend"),
-                               "contract_version": CONTRACT_VERSION, "seed": self.value("seed")},
+                               "contract_version": CONTRACT_VERSION, "seed": self.value("seed"),
+                               **({"launcher": self.value("launcher")} if self.value("launcher") else {})},
                   "requirements": by_requirement(self.by_requirement),
                   "uncited": [r for r in REQUIREMENTS if r not in self.by_requirement and r not in PENDING
                               and not r.startswith(HARNESS_FAMILIES)],
@@ -266,7 +267,11 @@ class Suite:
     @pytest.fixture
     def fleet_class(self):
         """The chosen backend's `Fleet` (--backend); skips the test with the reason when this build
-        or this host cannot run it."""
+        or this host cannot run it. With --launcher, the nodes are made by node agents that launcher
+        started (gpujail/launchers/), on the kernel backend's terms; else --jail-fs says what the
+        jail is on."""
+        if self.value("launcher"):
+            return launcher_fleet(self.value("launcher"), options.launcher_options(self.values))
         return on_jail_fs(backend_fleet(self.value("backend")), self.value("jail-fs"))
 
     @pytest.fixture
@@ -494,3 +499,11 @@ def on_jail_fs(fleet_class, kind: str):
     if reason:
         pytest.skip(reason)
     return jailfs.fleet_class(fleet_class, kind)
+def launcher_fleet(name: str, launcher_options: dict):
+    """The coordinator's `Fleet` for launcher `name` (gpujail/launchers/); skips the test with the
+    reason when the launcher cannot start agents from here (no Slurm controller answers)."""
+    from gpujail import launchers
+    reason = launchers.unavailable(name)
+    if reason:
+        pytest.skip(f"launcher {name!r}: {reason}")
+    return launchers.fleet_class(name, **launcher_options)

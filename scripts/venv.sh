@@ -16,7 +16,7 @@ if [ ! -f "$stamp" ]; then
     # pip's and setuptools' chatter goes to a log: the caller's output stays the short summary.
     echo "setting up $venv (first run, or pyproject.toml changed): about a minute" >&2
     log="$venv/install.log"
-    if ! { "$venv/bin/python" -m pip install -q --upgrade pip && "$venv/bin/python" -m pip install -q -e "${top}[dev,docker]"; } \
+    if ! { "$venv/bin/python" -m pip install -q --upgrade pip && "$venv/bin/python" -m pip install -q -e "${top}[dev,docker,kubernetes]"; } \
         >"$log" 2>&1; then
         tail -n 20 "$log" >&2
         echo "setting up $venv failed (full log: $log)" >&2

@@ -27,6 +27,10 @@ entrypoint: step 1 is the container itself, the driver files are bind-mounted by
 overlay), the harness talks to it over a unix socket named by `listen` in the config instead of
 pipes, and the container's command (the implementation under test, after the config argument) is
 run first, with the container's environment and working directory, as if it were a `run` request.
+
+For the launchers (gpujail/launchers/) a third transport, `FileChannel`: requests and replies as
+files in a run directory on a shared file system, between the coordinator on one machine and the
+node agents (`gpujail node`) on the others, which hold nodes like this one.
 """
 from __future__ import annotations
 
@@ -331,6 +335,80 @@ def serve(inp, out) -> None:
             reply = {"error": f"{type(e).__name__}: {e}"}
         out.write(json.dumps(reply) + "\n")
         out.flush()
+
+
+class FileChannel:
+    """The file transport, beside the pipe and the unix socket: requests and replies as files in a
+    directory of a run directory on a shared file system, the one thing every node of a real cluster
+    shares (launchers: the coordinator on one machine, `gpujail node` agents on the others).
+
+    The caller writes `in/SEQ.json`, the server answers `out/SEQ.json`; each file appears whole
+    (written beside, then renamed: a rename is atomic on local file systems and NFS alike). Both
+    sides poll, fast while requests come and backing off to `IDLE` when none do, since a shared
+    file system has no notification that crosses machines."""
+
+    IDLE = 0.02   # the longest sleep between two looks at the directory
+
+    def __init__(self, directory: str):
+        self.dir = directory
+        for sub in ("in", "out"):
+            os.makedirs(os.path.join(directory, sub), exist_ok=True)
+        self._seq, self._lock = 0, threading.Lock()
+
+    @staticmethod
+    def _put(path: str, data: dict) -> None:
+        with open(path + ".tmp", "w") as f:
+            json.dump(data, f)
+        os.rename(path + ".tmp", path)
+
+    # -- the caller's side
+    def send(self, req: dict) -> int:
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        self._put(os.path.join(self.dir, "in", f"{seq:08d}.json"), req)
+        return seq
+
+    def wait(self, seq: int, alive=lambda: None, timeout: float | None = None) -> dict:
+        """The reply to request `seq`. `alive()` returns why the server is gone (then this raises
+        RuntimeError) or None."""
+        path, naps = os.path.join(self.dir, "out", f"{seq:08d}.json"), 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                with open(path) as f:
+                    reply = json.load(f)
+                os.unlink(path)
+                return reply
+            except FileNotFoundError:
+                pass
+            gone = alive()
+            if gone:
+                raise RuntimeError(gone)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no reply to request {seq} in {self.dir} within {timeout:g} s")
+            naps += 1
+            time.sleep(min(0.0002 * naps, self.IDLE))
+
+    def call(self, req: dict, alive=lambda: None, timeout: float | None = None) -> dict:
+        return self.wait(self.send(req), alive, timeout)
+
+    # -- the server's side
+    def requests(self, stopped=lambda: False):
+        """Yield (seq, request) in order as they arrive, until `stopped()`."""
+        inbox, naps = os.path.join(self.dir, "in"), 0
+        while not stopped():
+            names = sorted(n for n in os.listdir(inbox) if n.endswith(".json"))
+            for name in names:
+                with open(os.path.join(inbox, name)) as f:
+                    req = json.load(f)
+                os.unlink(os.path.join(inbox, name))
+                yield int(name[:-5]), req
+            naps = 0 if names else naps + 1
+            time.sleep(min(0.0002 * naps, self.IDLE))
+
+    def reply(self, seq: int, reply: dict) -> None:
+        self._put(os.path.join(self.dir, "out", f"{seq:08d}.json"), reply)
 
 
 def accept_harness(path: str, timeout: float = 120.0):

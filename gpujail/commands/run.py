@@ -66,13 +66,18 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
     out = terminal()
     print(f"gpujail run: {args.impl} on the {args.backend} backend"
           + (f", jail on {args.jail_fs}" if args.jail_fs != "local" else "")
+          + (f", nodes made by agents of the {args.launcher} launcher" if getattr(args, "launcher", "") else "")
           + (f", expectations {expectations}" if expectations else ", no expectations file"), file=out)
     basetemp = scratch("run")
     argv = [*(args.tests or suites()), "-p", "no:cacheprovider", "-n", args.jobs, "--basetemp", str(basetemp),
             "--impl", args.impl, "--backend", args.backend, "--seed", str(args.seed), "--workers", str(args.workers),
             "--start-timeout", str(args.start_timeout), "--cli", args.cli, "--jail-fs", args.jail_fs,
             "--expectations", expectations, "--gpujail-report", str(paths["json"]), "--junitxml", str(paths["junit"]),
-            *(["-m", args.m] if args.m else []), *(["-k", args.k] if args.k else []), *pytest_args]
+            *(["-m", args.m] if args.m else []), *(["-k", args.k] if args.k else []),
+            *[a for name in ("launcher", "nodes", "partition", "account") if getattr(args, name, "")
+              for a in (f"--{name}", getattr(args, name))],
+            *[a for name in k8s_flags(args) for a in (f"--{name}", getattr(args, name.replace("-", "_")))],
+            *pytest_args]
     counter = TestCounter()
     watch = HistoryWatch(lambda: [*basetemp.glob("*/*/run/history.jsonl"), *basetemp.glob("*/run/history.jsonl")])
 
@@ -112,6 +117,51 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
     print(f"\n{outcome.upper()} (exit {exit_code})", file=out)
     print("reports: " + "  ".join(str(final / n) for n in names.values() if (final / n).exists()), file=out)
     return exit_code
+
+
+def k8s_names() -> list[str]:
+    from gpujail.launchers.kubernetes import SETTINGS
+    return [name for name, *_ in SETTINGS]
+
+
+def k8s_flags(args) -> list[str]:
+    """The --k8s-* flags given, passed on to the plugin with --launcher kubernetes."""
+    return [name for name in k8s_names() if getattr(args, name.replace("-", "_"), "")]
+
+
+def k8s_settings(args):
+    """The --k8s-* flags, checked (`Stop` with one line when one is wrong)."""
+    from gpujail.commands import Stop
+    from gpujail.launchers import kubernetes
+    try:
+        return kubernetes.Settings.parse({name: getattr(args, name.replace("-", "_")) for name in k8s_names()})
+    except kubernetes.BadSetting as e:
+        raise Stop("bad-input", str(e)) from None
+
+
+def render(args) -> int:
+    """`gpujail run --launcher kubernetes --render DIR`: the Job each fleet of the run applies, written
+    for review (`kubectl apply --dry-run=server -f DIR`), nothing applied. Its run directory is an
+    example: each fleet has its own under --k8s-mount, and a Job of its own."""
+    from gpujail import options
+    from gpujail.commands import Stop
+    from gpujail.launchers import kubernetes
+    if args.launcher != "kubernetes":
+        raise Stop("bad-input", f"--render {args.render}: only with --launcher kubernetes")
+    settings = k8s_settings(args)
+    try:
+        if options.check_count(options.flag("workers", args.workers)) < 1:
+            raise options.BadInput(f"--workers {args.workers}: expected at least 1 (one agent, one pod per worker)")
+        job = kubernetes.render(settings, f"{settings.mount.rstrip('/')}/runs/example", int(args.workers))
+        valid = kubernetes.validate(job)
+        path = kubernetes.write(job, args.render)
+    except (kubernetes.BadSetting, options.BadInput) as e:
+        raise Stop("bad-input", str(e)) from None
+    except OSError as e:
+        raise Stop("bad-input", f"--render {args.render}: cannot write there: {e.strerror}") from None
+    print(f"wrote {path}: an Indexed Job of {args.workers} agents, one pod per node, {valid}; not applied "
+          f"(gpujail run --launcher kubernetes applies one per fleet and deletes it)", file=terminal())
+    return EXIT["passed"]
 
 
 def publish(stage: Path, reports: Path, interrupted: bool, names: list[str]) -> Path:

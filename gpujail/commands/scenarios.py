@@ -35,8 +35,9 @@ def reproduce(args, sc) -> int:
     progress = Progress(line, term, 1.0 if term.isatty() else 5.0)
     progress.start()
     try:
-        result = runner.run(sc, args.impl, tmp / "run", seed=args.seed)
+        result = runner.run(sc, args.impl, tmp / "run", seed=args.seed, **launched(args, len(sc.workers)))
         result.keep(out)
+        clocks = keep_clocks(args, tmp / "run", out)
     except KeyboardInterrupt:
         raise Stop("interrupted", "interrupted; the run's nodes were stopped") from None
     except RuntimeError as e:   # the scenario could not be set up (warming, populate cleanup)
@@ -50,6 +51,8 @@ def reproduce(args, sc) -> int:
         result.timeline = timeline.render(history.load(str(out / "history.jsonl")), result.verdict, out / "timeline.html")
     result.run_dir = out
     print(result.report(), file=term)
+    if clocks:
+        print(f"launcher {args.launcher}: {clocks}", file=term)
     failed, undecided = result.judge()
     expected = [i for i, r in result.verdict.results.items() if r.status == "UNKNOWN" and i not in undecided]
     if expected:   # the scenario declares them: say so, since the verdict line says UNKNOWN
@@ -96,3 +99,25 @@ def failpoints(args) -> int:
     doc = registry.__doc__
     print("\n" + doc[doc.index("`GPUJAIL_FAILPOINTS="):doc.index("Every hit")].rstrip())
     return EXIT["passed"]
+
+
+def launched(args, workers: int) -> dict:
+    """`runner.run`'s fleet_class for --launcher (nodes made by node agents), else nothing."""
+    if not getattr(args, "launcher", ""):
+        return {}
+    from gpujail import launchers
+    return {"fleet_class": launchers.fleet_class(args.launcher, agents=workers, nodes=args.nodes,
+                                                 partition=args.partition, account=args.account)}
+
+
+def keep_clocks(args, run_dir: Path, out: Path) -> str:
+    """--launcher: keep the agents' clocks at the rendezvous (clocks.json) beside the history, and
+    say them in one line (gpujail/launchers/coordinator.py); else ''."""
+    if not getattr(args, "launcher", "") or not (run_dir / "clocks.json").exists():
+        return ""
+    import json
+    import shutil
+
+    from gpujail.launchers.coordinator import clock_line
+    shutil.copy(run_dir / "clocks.json", out / "clocks.json")
+    return clock_line(json.loads((out / "clocks.json").read_text()))
