@@ -10,6 +10,8 @@ one function here, which does the work and returns a code of `gpujail.spec.EXIT`
     scenarios.py  `reproduce`, `scenarios`, `failpoints`: one chaos scenario and what they are made of
     tools.py      `killmatrix`, `expectations`, `check`, `explore`, `bench`: the project's other
                   tools, each also `python -m gpujail...` (their own modules sit in the layers below)
+    qualify.py    `qualify PATH`: two nodes measure whether a shared filesystem is safe for the jail
+    node.py       `node`: the node agent a launcher starts on each node (gpujail/launchers/)
 
 A mistake in the input is a `Stop`: one line on stderr and its exit code, raised before anything
 runs. SIGTERM (CI cancellation, `timeout`) and SIGHUP (a closed terminal) stop a run as Ctrl-C
