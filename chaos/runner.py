@@ -37,7 +37,7 @@ from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
 
 from gpujail.backends import kernel
-from gpujail.backends.probes import gpu_files, soname_files
+from gpujail.backends.probes import compat_files, gpu_files, soname_files
 from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
 from gpujail.world import history
 from gpujail.world.failpoints import Barrier
@@ -242,9 +242,14 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             workers["old"] = old
             probes["old"] = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities)
 
+        with_compat: set[str] = set()
+
         def probe_ready() -> None:
             for w, worker in list(workers.items()):
                 if worker.ready and w in probes and worker.node.alive:
+                    if scenario.cuda_image and w not in with_compat:   # what its CLI mounted from the image
+                        with_compat.add(w)
+                        probes[w] = probes[w] + compat_files(jail, w, history.load(hist))
                     try:
                         worker.node.probe(probes[w])
                     except RuntimeError:
