@@ -12,7 +12,8 @@ The run only records; the checker judges (chaos/checker.py). Choreography:
 3. a barrier keeper releases each named barrier once every GPU worker has either arrived at it or
    finished, and kills the nodes the scenario says to kill when they arrive (SIGKILL: no cleanup);
 4. a prober keeps asking every ready GPU worker what a GPU job sees through the jail (real loader,
-   bytes compared with the host file), so a detachment is recorded when it happens;
+   bytes compared with the host file; if the scenario says so, its sonames looked up through the
+   jail's linker cache too), so a detachment is recorded when it happens;
 5. after everyone finished: a last probe round, `jail_after`, the fleet torn down, and a look for
    residue on the host (mounts, processes).
 
@@ -37,7 +38,7 @@ from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
 
 from gpujail.backends import kernel
-from gpujail.backends.probes import compat_files, gpu_files, soname_files
+from gpujail.backends.probes import compat_files, gpu_files, lookup_files, soname_files
 from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
 from gpujail.world import history
 from gpujail.world.failpoints import Barrier
@@ -237,6 +238,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         versions = {w: v for w, _, v in scenario.workers}
         probes = {w: gpu_files(jail, v, scenario.capabilities)
                   + (soname_files(jail, v, scenario.capabilities) if scenario.probe_sonames else [])
+                  + (lookup_files(jail, v, scenario.capabilities) if scenario.probe_lookups else [])
                   for w, v in versions.items() if v}
         if old is not None:
             workers["old"] = old

@@ -14,6 +14,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     hostile_links = { "usr/lib/firmware/nvidia" = "@OUTSIDE" }   # symlinks out of the jail, planted first
     windows = ["overlap"]      # the fault windows a run must open, else it is INCONCLUSIVE (chaos/checkers/windows.py)
     probe_sonames = false      # true: probes also check each ready worker's sonames load its own driver (REF-12)
+    probe_lookups = false      # true: ... and look them up through the jail's linker cache (ldconfig -p, chrooted dlopen)
     upgraded_jail = false      # true: a `legacy` worker brings the jail up first and stays ready (REF-3)
     cuda_image = false         # true: the jail holds usr/local/cuda/compat libraries (REF-6)
     ldconfig = { view = "blind", every = 0.05, hold_lock = true }   # an ldconfig nemesis during the run
@@ -50,7 +51,7 @@ DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
         "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "hostile_links",
-        "windows", "probe_sonames", "upgraded_jail", "cuda_image", "ldconfig"}
+        "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig"}
 
 
 class ScenarioError(ValueError):
@@ -98,6 +99,7 @@ class Scenario:
     legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
     windows: list[str] = field(default_factory=list)   # fault windows the run must open (chaos/checkers/windows.py)
     probe_sonames: bool = False  # also probe each ready worker's sonames against its own driver (REF-12)
+    probe_lookups: bool = False  # also look each soname up through the jail's linker cache (issue 17, PR #2621/#2682)
     upgraded_jail: bool = False  # a `legacy` worker brings the jail up first and stays ready (0-byte placeholders, REF-3)
     cuda_image: bool = False     # the jail holds a CUDA image's usr/local/cuda/compat libraries (REF-6, CLI-3)
     # the ldconfig nemesis: {view = "blind" | "gpu", every = seconds, version = "..." (gpu view),

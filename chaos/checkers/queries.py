@@ -119,6 +119,8 @@ def is_bad(result: dict) -> bool:
 
 def what_went_wrong(result: dict) -> str:
     """What a GPU job saw instead of the driver file, in a few words."""
+    if result.get("lookup") and result.get("size") is None:   # a soname the loader did not find
+        return "not found" + (f" (looked at {result['resolved']})" if result.get("resolved") else "")
     parts = []
     if result.get("attached", True) is False:
         parts.append("mount detached")
@@ -129,6 +131,8 @@ def what_went_wrong(result: dict) -> str:
         parts.append(f"{size}-byte file that is not the host file" + (" (a placeholder)" if size < PLACEHOLDER_MAX else ""))
     if not parts:
         parts.append("loader failed")
+    if result.get("lookup") and result.get("resolved"):
+        parts.insert(0, f"the lookup gave {result['resolved']}")
     return ", ".join(parts)
 
 
