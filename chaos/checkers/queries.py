@@ -137,12 +137,13 @@ def what_went_wrong(result: dict) -> str:
 
 
 def loader_says(result: dict) -> str | None:
-    """The loader's complaint without the leading path (`/j/usr/lib/libx.so.1: file too short`)."""
+    """The loader's complaint without the leading path (`/j/usr/lib/libx.so.1: file too short`), or
+    the soname a lookup asked for (`libx.so.1: cannot open shared object file`)."""
     loader = result.get("loader")
     if loader is None or loader == "ok":
         return None
     head, sep, rest = str(loader).partition(": ")
-    return rest if sep and head.startswith("/") else str(loader)
+    return rest if sep and (head.startswith("/") or head == result.get("lookup")) else str(loader)
 
 
 def describe(event: dict, t0: float = 0.0, jails: tuple[str, ...] = ()) -> str:
