@@ -300,41 +300,50 @@ def probe_lookup(req: dict, mountpoints: set[str]) -> dict:
         return res
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:   # chroot is for good: a grandchild per lookup
-        os.close(r)
-        res: dict = {"size": None, "attached": False}   # until a lookup finds a file
+    if pid == 0:   # chroot is for good: a grandchild per lookup, which never returns
         try:
-            want = open(host, "rb").read() if host else None
-            try:   # RTLD_NOLOAD succeeds only if loaded: then the soname would be answered without a lookup
-                ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-                loaded = True
-            except OSError:
-                loaded = False
-            if loaded:
-                raise OSError(f"{soname} is already loaded in the probing process: no lookup would happen")
-            os.chroot(jail)
-            os.chdir("/")
-            lib = ctypes.CDLL(soname)
-            link_map = ctypes.c_void_p()
-            _libc.dlinfo(ctypes.c_void_p(lib._handle), RTLD_DI_LINKMAP, ctypes.byref(link_map))
-            resolved = ctypes.cast(link_map.value + ctypes.sizeof(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p))[0].decode()
-            inside = {m[len(jail):] for m in mountpoints if m.startswith(jail + "/")}
-            res = probe_one(resolved, None, True, inside)   # the handle the soname gave: its bytes, its driver
-            res["resolved"] = resolved
-            if want is not None and res.get("size") is not None:
-                res["same_bytes"] = open(resolved, "rb").read() == want
-        except OSError as e:
-            res["loader"] = str(e)
-            res["error"] = e.strerror or str(e)
-        res.update(path=f"{jail}/dlopen({soname})", lookup=soname)
-        os.write(w, json.dumps(res).encode())
-        os._exit(0)
+            os.close(r)
+            os.write(w, json.dumps({**_dlopen_in_jail(jail, soname, host, mountpoints),
+                                    "path": f"{jail}/dlopen({soname})", "lookup": soname}).encode())
+        finally:
+            os._exit(0)
     os.close(w)
     with os.fdopen(r) as f:
         out = f.read()
     os.waitpid(pid, 0)
     return json.loads(out) if out else {"path": f"{jail}/dlopen({soname})", "lookup": soname, "size": None,
                                         "attached": False, "error": "the chrooted lookup died"}
+
+
+def _dlopen_in_jail(jail: str, soname: str, host: str | None, mountpoints: set[str]) -> dict:
+    """In a process of its own: chroot into the jail, dlopen `soname`, and probe the file the
+    loader picked (dlinfo's link map names it), comparing its bytes with the host file's."""
+    res: dict = {"size": None, "attached": False}   # until a lookup finds a file
+    try:
+        want = open(host, "rb").read() if host else None
+        try:   # RTLD_NOLOAD succeeds only if loaded: then the soname would be answered without a lookup
+            ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            loaded = True
+        except OSError:
+            loaded = False
+        if loaded:
+            raise OSError(f"{soname} is already loaded in the probing process: no lookup would happen")
+        os.chroot(jail)
+        os.chdir("/")
+        lib = ctypes.CDLL(soname)
+        link_map = ctypes.c_void_p()
+        _libc.dlinfo(ctypes.c_void_p(lib._handle), RTLD_DI_LINKMAP, ctypes.byref(link_map))
+        l_name = ctypes.cast(link_map.value + ctypes.sizeof(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p))[0]
+        resolved = l_name.decode()
+        inside = {m[len(jail):] for m in mountpoints if m.startswith(jail + "/")}
+        res = probe_one(resolved, None, True, inside)   # the handle the soname gave: its bytes, its driver
+        res["resolved"] = resolved
+        if want is not None and res.get("size") is not None:
+            res["same_bytes"] = open(resolved, "rb").read() == want
+    except OSError as e:
+        res["loader"] = str(e)
+        res["error"] = e.strerror or str(e)
+    return res
 
 
 def op_probe(req: dict) -> dict:
