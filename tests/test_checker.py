@@ -501,7 +501,7 @@ def test_lookup_results_say_what_the_loader_found():
     assert [x.explanation.split(" shows ", 1)[1] for x in v.results["INV-5"].violations] == [
         f"ld.so.cache(libnvidia-ml.so.1): the lookup gave cache: /{LIB}/libnvidia-ml.so.1, mount detached, "
         "26-byte file that is not the host file (a placeholder); loader says: file too short",
-        "dlopen(libnvidia-ml.so.1): not found; loader says: cannot open shared object file: No such file or directory"]
+        "dlopen(libnvidia-ml.so.1): nothing loaded; loader says: cannot open shared object file: No such file or directory"]
 
 
 # -- INV-6 no host residue ---------------------------------------------------------------------
