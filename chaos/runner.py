@@ -126,7 +126,10 @@ def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, threads:
     cfg = scenario.ldconfig
     if cfg.get("view") == "gpu":
         w = start_worker(fleet, "ldconfig-node", impl, version=cfg.get("version", DEFAULT_VERSION),
-                         capabilities=scenario.capabilities)
+                         capabilities=scenario.capabilities,
+                         policy=RestartPolicy(max_restarts=scenario.max_restarts, backoff=0.02))
+        if not w.ready:   # its node is gone (e.g. legacy's own cold race): no ldconfig, so the window stays shut
+            return
         node = w.node
     else:
         node = fleet.start("ldconfig-node", role="cpu-worker", version=None)
