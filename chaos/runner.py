@@ -235,8 +235,13 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         nemesis_nodes: list = []
         nemesis = None
         if scenario.ldconfig:
-            nemesis = threading.Thread(target=_ldconfig_nemesis,
-                                       args=(scenario, fleet, jail, impl, threads, log, nemesis_nodes))
+            def ldconfig_nemesis() -> None:
+                try:
+                    _ldconfig_nemesis(scenario, fleet, jail, impl, threads, log, nemesis_nodes)
+                except RuntimeError as e:   # its node could not be set up, or died: raised below, as for a worker
+                    errors["ldconfig-node"] = e
+
+            nemesis = threading.Thread(target=ldconfig_nemesis)
             nemesis.start()
         versions = {w: v for w, _, v in scenario.workers}
         probes = {w: gpu_files(jail, v, scenario.capabilities)
