@@ -8,7 +8,9 @@ The run only records; the checker judges (chaos/checker.py). Choreography:
    implementation's populate-jail cleanup), snapshotted as `jail_before`;
 2. every worker starts at once, each in its own thread (the thread only waits on a node process),
    through the contract runner with the scenario's restart policy; the first start of each worker
-   carries its faults (GPUJAIL_FAILPOINTS) from `Scenario.schedule(seed)`;
+   carries its faults (GPUJAIL_FAILPOINTS) from `Scenario.schedule(seed)`. An ldconfig nemesis, if
+   the scenario has one, starts first; one that holds the jail's ldconfig lock has it before any
+   worker starts;
 3. a barrier keeper releases each named barrier once every GPU worker has either arrived at it or
    finished, and kills the nodes the scenario says to kill when they arrive (SIGKILL: no cleanup);
 4. a prober keeps asking every ready GPU worker what a GPU job sees through the jail (real loader,
@@ -23,6 +25,7 @@ file (everyone, append-only).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -118,11 +121,13 @@ def dress_as_reused(jail: Path) -> None:
     (jail / core.FLAG).touch()
 
 
-def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, threads: dict, log, nodes: list) -> None:
-    """Run `ldconfig -r JAIL` again and again while the workers run: from a node that sees none of
-    the mounts (view blind: the lock winner of PR #2682) or from a GPU node of its own (view gpu:
-    a node re-running ldconfig on the shared jail, PR #2621), holding the jail's ldconfig lock if
-    asked. Its own node only: a node serves one request at a time, and the probes use the others."""
+def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, done: threading.Event, log,
+                      nodes: list) -> None:
+    """Run `ldconfig -r JAIL` again and again until `done` (every worker finished), and once more:
+    from a node that sees none of the mounts (view blind: the lock winner of PR #2682) or from a GPU
+    node of its own (view gpu: a node re-running ldconfig on the shared jail, PR #2621), holding the
+    jail's ldconfig lock if asked. Its own node only: a node serves one request at a time, and the
+    probes use the others."""
     cfg = scenario.ldconfig
     if cfg.get("view") == "gpu":
         w = start_worker(fleet, "ldconfig-node", impl, version=cfg.get("version", DEFAULT_VERSION),
@@ -140,12 +145,34 @@ def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, threads:
         argv = ["flock", str(lock), "sh", "-c", f'"$0" "$@" && sleep {float(cfg.get("hold", 0))}', *argv]
     every = float(cfg.get("every", 0.05))
     while True:
-        running = any(t.is_alive() for t in threads.values())
+        finished = done.is_set()
         r = node.run(argv)
         log("chaos.ldconfig", view=cfg.get("view"), code=r.code)
-        if not running:
+        if finished:
             break
         time.sleep(every)
+
+
+def _wait_until_held(lock: Path, nemesis: threading.Thread, timeout: float = 60.0) -> bool:
+    """True once someone holds `lock` (flock, tried without waiting and let go at once), False if
+    the nemesis ended or the time ran out first: the blind winner has the ldconfig lock before any
+    worker starts, so the workers meet it busy."""
+    deadline = time.monotonic() + timeout
+    while nemesis.is_alive() and time.monotonic() < deadline:
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except FileNotFoundError:   # the nemesis's flock creates it
+            time.sleep(0.005)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        time.sleep(0.005)
+    return False
 
 
 def host_residue(*needles: str) -> tuple[list[str], list[str]]:
@@ -227,22 +254,27 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             except Exception as e:   # raised once below, in the caller's thread (on an interrupt: never)
                 errors[wid] = e
 
-        threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
-        for t in threads.values():
-            t.start()
-        keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log))
-        keeper.start()
+        done = threading.Event()   # every worker finished: the ldconfig nemesis runs once more and stops
         nemesis_nodes: list = []
         nemesis = None
         if scenario.ldconfig:
             def ldconfig_nemesis() -> None:
                 try:
-                    _ldconfig_nemesis(scenario, fleet, jail, impl, threads, log, nemesis_nodes)
+                    _ldconfig_nemesis(scenario, fleet, jail, impl, done, log, nemesis_nodes)
                 except RuntimeError as e:   # its node could not be set up, or died: raised below, as for a worker
                     errors["ldconfig-node"] = e
 
             nemesis = threading.Thread(target=ldconfig_nemesis)
             nemesis.start()
+            if scenario.ldconfig.get("hold_lock") and not _wait_until_held(jail / core.LDCONFIG_LOCK, nemesis):
+                done.set()
+                nemesis.join()
+                raise RuntimeError(f"the ldconfig nemesis never took the jail's ldconfig lock: {errors.get('ldconfig-node')}")
+        threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
+        for t in threads.values():
+            t.start()
+        keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log))
+        keeper.start()
         versions = {w: v for w, _, v in scenario.workers}
         probes = {w: gpu_files(jail, v, scenario.capabilities)
                   + (soname_files(jail, v, scenario.capabilities) if scenario.probe_sonames else [])
@@ -265,9 +297,12 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                     except RuntimeError:
                         pass
 
-        while any(t.is_alive() for t in threads.values()):
-            probe_ready()
-            time.sleep(scenario.probe_interval)
+        try:
+            while any(t.is_alive() for t in threads.values()):
+                probe_ready()
+                time.sleep(scenario.probe_interval)
+        finally:
+            done.set()
         keeper.join()
         if nemesis is not None:
             nemesis.join()

@@ -120,7 +120,7 @@ def is_bad(result: dict) -> bool:
 def what_went_wrong(result: dict) -> str:
     """What a GPU job saw instead of the driver file, in a few words."""
     if result.get("lookup") and result.get("size") is None:   # the loader found no usable file for the soname
-        return "nothing loaded" + (f" (looked at {result['resolved']})" if result.get("resolved") else "")
+        return "nothing loaded" + (f" ({result['resolved']})" if result.get("resolved") else "")
     parts = []
     if result.get("attached", True) is False:
         parts.append("mount detached")
