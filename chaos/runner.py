@@ -122,23 +122,23 @@ def dress_as_reused(jail: Path) -> None:
 
 
 def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, done: threading.Event, log,
-                      nodes: list) -> None:
+                      name: str = "ldconfig-node") -> None:
     """Run `ldconfig -r JAIL` again and again until `done` (every worker finished), and once more:
     from a node that sees none of the mounts (view blind: the lock winner of PR #2682) or from a GPU
     node of its own (view gpu: a node re-running ldconfig on the shared jail, PR #2621), holding the
     jail's ldconfig lock if asked. Its own node only: a node serves one request at a time, and the
-    probes use the others."""
+    probes use the others. Two lock-holding nemeses (`nodes = 2`) hand the lock to each other with
+    no gap: one always waits in flock while the other holds it."""
     cfg = scenario.ldconfig
     if cfg.get("view") == "gpu":
-        w = start_worker(fleet, "ldconfig-node", impl, version=cfg.get("version", DEFAULT_VERSION),
+        w = start_worker(fleet, name, impl, version=cfg.get("version", DEFAULT_VERSION),
                          capabilities=scenario.capabilities,
                          policy=RestartPolicy(max_restarts=scenario.max_restarts, backoff=0.02))
         if not w.ready:   # its node is gone (e.g. legacy's own cold race): no ldconfig, so the window stays shut
             return
         node = w.node
     else:
-        node = fleet.start("ldconfig-node", role="cpu-worker", version=None)
-    nodes.append(node)
+        node = fleet.start(name, role="cpu-worker", version=None)
     lock = jail / core.LDCONFIG_LOCK
     argv = [jail_image.find_ldconfig(), "-r", str(jail)]
     if cfg.get("hold_lock"):   # the lock winner: holds the lock for its run (and `hold` seconds more)
@@ -153,12 +153,12 @@ def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, done: th
         time.sleep(every)
 
 
-def _wait_until_held(lock: Path, nemesis: threading.Thread, timeout: float = 60.0) -> bool:
+def _wait_until_held(lock: Path, nemeses: list[threading.Thread], timeout: float = 60.0) -> bool:
     """True once someone holds `lock` (flock, tried without waiting and let go at once), False if
     the nemesis ended or the time ran out first: the blind winner has the ldconfig lock before any
     worker starts, so the workers meet it busy."""
     deadline = time.monotonic() + timeout
-    while nemesis.is_alive() and time.monotonic() < deadline:
+    while any(t.is_alive() for t in nemeses) and time.monotonic() < deadline:
         try:
             fd = os.open(lock, os.O_RDONLY)
         except FileNotFoundError:   # the nemesis's flock creates it
@@ -255,21 +255,23 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                 errors[wid] = e
 
         done = threading.Event()   # every worker finished: the ldconfig nemesis runs once more and stops
-        nemesis_nodes: list = []
-        nemesis = None
+        nemeses: list[threading.Thread] = []
         if scenario.ldconfig:
-            def ldconfig_nemesis() -> None:
+            def ldconfig_nemesis(name: str) -> None:
                 try:
-                    _ldconfig_nemesis(scenario, fleet, jail, impl, done, log, nemesis_nodes)
+                    _ldconfig_nemesis(scenario, fleet, jail, impl, done, log, name)
                 except RuntimeError as e:   # its node could not be set up, or died: raised below, as for a worker
-                    errors["ldconfig-node"] = e
+                    errors[name] = e
 
-            nemesis = threading.Thread(target=ldconfig_nemesis)
-            nemesis.start()
-            if scenario.ldconfig.get("hold_lock") and not _wait_until_held(jail / core.LDCONFIG_LOCK, nemesis):
+            names = [f"ldconfig-node{i or ''}" for i in range(int(scenario.ldconfig.get("nodes", 1)))]
+            nemeses = [threading.Thread(target=ldconfig_nemesis, args=(n,)) for n in names]
+            for t in nemeses:
+                t.start()
+            if scenario.ldconfig.get("hold_lock") and not _wait_until_held(jail / core.LDCONFIG_LOCK, nemeses):
                 done.set()
-                nemesis.join()
-                raise RuntimeError(f"the ldconfig nemesis never took the jail's ldconfig lock: {errors.get('ldconfig-node')}")
+                for t in nemeses:
+                    t.join()
+                raise RuntimeError(f"the ldconfig nemesis never took the jail's ldconfig lock: {sorted(errors.items())}")
         threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
         for t in threads.values():
             t.start()
@@ -304,8 +306,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         finally:
             done.set()
         keeper.join()
-        if nemesis is not None:
-            nemesis.join()
+        for t in nemeses:
+            t.join()
         if errors:
             wid, e = sorted(errors.items())[0]
             raise RuntimeError(f"worker {wid} could not be started: {e}") from e

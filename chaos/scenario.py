@@ -17,7 +17,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     probe_lookups = false      # true: ... and look them up through the jail's linker cache (ldconfig -p, chrooted dlopen)
     upgraded_jail = false      # true: a `legacy` worker brings the jail up first and stays ready (REF-3)
     cuda_image = false         # true: the jail holds usr/local/cuda/compat libraries (REF-6)
-    ldconfig = { view = "blind", every = 0.05, hold_lock = true }   # an ldconfig nemesis during the run
+    ldconfig = { view = "blind", every = 0.05, hold_lock = true, nodes = 1 }   # an ldconfig nemesis during the run
     populate_cleanup = false   # true: run the implementation's populate-jail cleanup first
     max_restarts = 3
     transient_only = true      # INV-2 applies: every worker must end ready
@@ -103,7 +103,8 @@ class Scenario:
     upgraded_jail: bool = False  # a `legacy` worker brings the jail up first and stays ready (0-byte placeholders, REF-3)
     cuda_image: bool = False     # the jail holds a CUDA image's usr/local/cuda/compat libraries (REF-6, CLI-3)
     # the ldconfig nemesis: {view = "blind" | "gpu", every = seconds, version = "..." (gpu view),
-    # hold_lock = true: it runs ldconfig holding etc/complement_jail_ldconfig.lock, like the lock winner}
+    # hold_lock = true: it runs ldconfig holding etc/complement_jail_ldconfig.lock, like the lock winner,
+    # nodes = 2: two such nodes, handing the lock to each other with no gap}
     ldconfig: dict = field(default_factory=dict)
 
     @property
