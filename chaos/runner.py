@@ -8,11 +8,14 @@ The run only records; the checker judges (chaos/checker.py). Choreography:
    implementation's populate-jail cleanup), snapshotted as `jail_before`;
 2. every worker starts at once, each in its own thread (the thread only waits on a node process),
    through the contract runner with the scenario's restart policy; the first start of each worker
-   carries its faults (GPUJAIL_FAILPOINTS) from `Scenario.schedule(seed)`;
+   carries its faults (GPUJAIL_FAILPOINTS) from `Scenario.schedule(seed)`. An ldconfig nemesis, if
+   the scenario has one, starts first; one that holds the jail's ldconfig lock has it before any
+   worker starts;
 3. a barrier keeper releases each named barrier once every GPU worker has either arrived at it or
    finished, and kills the nodes the scenario says to kill when they arrive (SIGKILL: no cleanup);
 4. a prober keeps asking every ready GPU worker what a GPU job sees through the jail (real loader,
-   bytes compared with the host file), so a detachment is recorded when it happens;
+   bytes compared with the host file; if the scenario says so, its sonames looked up through the
+   jail's linker cache too), so a detachment is recorded when it happens;
 5. after everyone finished: a last probe round, `jail_after`, the fleet torn down, and a look for
    residue on the host (mounts, processes).
 
@@ -22,6 +25,7 @@ file (everyone, append-only).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -38,7 +42,7 @@ from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
 
 from gpujail.backends import kernel
-from gpujail.backends.probes import gpu_files, soname_files
+from gpujail.backends.probes import compat_files, gpu_files, lookup_files, soname_files
 from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
 from gpujail.world import history
 from gpujail.world.failpoints import Barrier
@@ -119,31 +123,58 @@ def dress_as_reused(jail: Path) -> None:
     (jail / core.FLAG).touch()
 
 
-def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, threads: dict, log, nodes: list) -> None:
-    """Run `ldconfig -r JAIL` again and again while the workers run: from a node that sees none of
-    the mounts (view blind: the lock winner of PR #2682) or from a GPU node of its own (view gpu:
-    a node re-running ldconfig on the shared jail, PR #2621), holding the jail's ldconfig lock if
-    asked. Its own node only: a node serves one request at a time, and the probes use the others."""
+def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, done: threading.Event, log,
+                      name: str = "ldconfig-node") -> None:
+    """Run `ldconfig -r JAIL` again and again until `done` (every worker finished), and once more:
+    from a node that sees none of the mounts (view blind: the lock winner of PR #2682) or from a GPU
+    node of its own (view gpu: a node re-running ldconfig on the shared jail, PR #2621), holding the
+    jail's ldconfig lock if asked. Its own node only: a node serves one request at a time, and the
+    probes use the others. Two lock-holding nemeses (`nodes = 2`) hand the lock to each other with
+    no gap: one always waits in flock while the other holds it."""
     cfg = scenario.ldconfig
     if cfg.get("view") == "gpu":
-        w = start_worker(fleet, "ldconfig-node", impl, version=cfg.get("version", DEFAULT_VERSION),
-                         capabilities=scenario.capabilities)
+        w = start_worker(fleet, name, impl, version=cfg.get("version", DEFAULT_VERSION),
+                         capabilities=scenario.capabilities,
+                         policy=RestartPolicy(max_restarts=scenario.max_restarts, backoff=0.02))
+        if not w.ready:   # its node is gone (e.g. legacy's own cold race): no ldconfig, so the window stays shut
+            return
         node = w.node
     else:
-        node = fleet.start("ldconfig-node", role="cpu-worker", version=None)
-    nodes.append(node)
+        node = fleet.start(name, role="cpu-worker", version=None)
     lock = jail / core.LDCONFIG_LOCK
     argv = [jail_image.find_ldconfig(), "-r", str(jail)]
     if cfg.get("hold_lock"):   # the lock winner: holds the lock for its run (and `hold` seconds more)
         argv = ["flock", str(lock), "sh", "-c", f'"$0" "$@" && sleep {float(cfg.get("hold", 0))}', *argv]
     every = float(cfg.get("every", 0.05))
     while True:
-        running = any(t.is_alive() for t in threads.values())
+        finished = done.is_set()
         r = node.run(argv)
         log("chaos.ldconfig", view=cfg.get("view"), code=r.code)
-        if not running:
+        if finished:
             break
         time.sleep(every)
+
+
+def _wait_until_held(lock: Path, nemeses: list[threading.Thread], timeout: float = 60.0) -> bool:
+    """True once someone holds `lock` (flock, tried without waiting and let go at once), False if
+    the nemesis ended or the time ran out first: the blind winner has the ldconfig lock before any
+    worker starts, so the workers meet it busy."""
+    deadline = time.monotonic() + timeout
+    while any(t.is_alive() for t in nemeses) and time.monotonic() < deadline:
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except FileNotFoundError:   # the nemesis's flock creates it
+            time.sleep(0.005)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        time.sleep(0.005)
+    return False
 
 
 def host_residue(*needles: str) -> tuple[list[str], list[str]]:
@@ -236,39 +267,60 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             except Exception as e:   # raised once below, in the caller's thread (on an interrupt: never)
                 errors[wid] = e
 
+        done = threading.Event()   # every worker finished: the ldconfig nemesis runs once more and stops
+        nemeses: list[threading.Thread] = []
+        if scenario.ldconfig:
+            def ldconfig_nemesis(name: str) -> None:
+                try:
+                    _ldconfig_nemesis(scenario, fleet, jail, impl, done, log, name)
+                except RuntimeError as e:   # its node could not be set up, or died: raised below, as for a worker
+                    errors[name] = e
+
+            names = [f"ldconfig-node{i or ''}" for i in range(int(scenario.ldconfig.get("nodes", 1)))]
+            nemeses = [threading.Thread(target=ldconfig_nemesis, args=(n,)) for n in names]
+            for t in nemeses:
+                t.start()
+            if scenario.ldconfig.get("hold_lock") and not _wait_until_held(jail / core.LDCONFIG_LOCK, nemeses):
+                done.set()
+                for t in nemeses:
+                    t.join()
+                raise RuntimeError(f"the ldconfig nemesis never took the jail's ldconfig lock: {sorted(errors.items())}")
         threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
         for t in threads.values():
             t.start()
         keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log))
         keeper.start()
-        nemesis_nodes: list = []
-        nemesis = None
-        if scenario.ldconfig:
-            nemesis = threading.Thread(target=_ldconfig_nemesis,
-                                       args=(scenario, fleet, jail, impl, threads, log, nemesis_nodes))
-            nemesis.start()
         versions = {w: v for w, _, v in scenario.workers}
         probes = {w: gpu_files(jail, v, scenario.capabilities)
                   + (soname_files(jail, v, scenario.capabilities) if scenario.probe_sonames else [])
+                  + (lookup_files(jail, v, scenario.capabilities) if scenario.probe_lookups else [])
                   for w, v in versions.items() if v}
         if old is not None:
             workers["old"] = old
             probes["old"] = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities)
 
+        with_compat: set[str] = set()
+
         def probe_ready() -> None:
             for w, worker in list(workers.items()):
                 if worker.ready and w in probes and worker.node.alive:
+                    if scenario.cuda_image and w not in with_compat:   # what its CLI mounted from the image
+                        with_compat.add(w)
+                        probes[w] = probes[w] + compat_files(jail, w, history.load(hist))
                     try:
                         worker.node.probe(probes[w])
                     except RuntimeError:
                         pass
 
-        while any(t.is_alive() for t in threads.values()):
-            probe_ready()
-            time.sleep(scenario.probe_interval)
+        try:
+            while any(t.is_alive() for t in threads.values()):
+                probe_ready()
+                time.sleep(scenario.probe_interval)
+        finally:
+            done.set()
         keeper.join()
-        if nemesis is not None:
-            nemesis.join()
+        for t in nemeses:
+            t.join()
         if errors:
             wid, e = sorted(errors.items())[0]
             raise RuntimeError(f"worker {wid} could not be started: {e}") from e

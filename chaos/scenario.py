@@ -14,9 +14,10 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     hostile_links = { "usr/lib/firmware/nvidia" = "@OUTSIDE" }   # symlinks out of the jail, planted first
     windows = ["overlap"]      # the fault windows a run must open, else it is INCONCLUSIVE (chaos/checkers/windows.py)
     probe_sonames = false      # true: probes also check each ready worker's sonames load its own driver (REF-12)
+    probe_lookups = false      # true: ... and look them up through the jail's linker cache (ldconfig -p, chrooted dlopen)
     upgraded_jail = false      # true: a `legacy` worker brings the jail up first and stays ready (REF-3)
     cuda_image = false         # true: the jail holds usr/local/cuda/compat libraries (REF-6)
-    ldconfig = { view = "blind", every = 0.05, hold_lock = true }   # an ldconfig nemesis during the run
+    ldconfig = { view = "blind", every = 0.05, hold_lock = true, nodes = 1 }   # an ldconfig nemesis during the run
     jail_fs = "gluster"        # pins the jail's file system (gpujail/backends/jailfs.py); "" = --jail-fs
     net_faults = [{ fault = "kill-brick", after_ready = 0, delay = 0.3, hold = 2.0 }]   # network faults (jailfs.NetFault)
     populate_cleanup = false   # true: run the implementation's populate-jail cleanup first
@@ -60,7 +61,7 @@ DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
         "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "hostile_links",
-        "windows", "probe_sonames", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults"}
+        "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults"}
 
 
 class ScenarioError(ValueError):
@@ -108,10 +109,12 @@ class Scenario:
     legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
     windows: list[str] = field(default_factory=list)   # fault windows the run must open (chaos/checkers/windows.py)
     probe_sonames: bool = False  # also probe each ready worker's sonames against its own driver (REF-12)
+    probe_lookups: bool = False  # also look each soname up through the jail's linker cache (issue 17, PR #2621/#2682)
     upgraded_jail: bool = False  # a `legacy` worker brings the jail up first and stays ready (0-byte placeholders, REF-3)
     cuda_image: bool = False     # the jail holds a CUDA image's usr/local/cuda/compat libraries (REF-6, CLI-3)
     # the ldconfig nemesis: {view = "blind" | "gpu", every = seconds, version = "..." (gpu view),
-    # hold_lock = true: it runs ldconfig holding etc/complement_jail_ldconfig.lock, like the lock winner}
+    # hold_lock = true: it runs ldconfig holding etc/complement_jail_ldconfig.lock, like the lock winner,
+    # nodes = 2: two such nodes, handing the lock to each other with no gap}
     ldconfig: dict = field(default_factory=dict)
     jail_fs: str = ""            # the jail's file system this scenario needs ("": the run's --jail-fs)
     net_faults: list = field(default_factory=list)   # faults only a network jail has (jailfs.NetFault)

@@ -484,6 +484,26 @@ def test_inv5_loss_after_ready_is_inv1():
     assert [e["kind"] for e in v.chain] == ["failpoint", "cli.fail", "cli.cleanup.unlink"]
 
 
+def test_lookup_results_say_what_the_loader_found():
+    """A soname looked up through the jail's linker cache (node.py probe_lookup) is judged like a
+    file, under its own name, and the explanation says where the lookup led, or that it found
+    nothing."""
+    h = History()
+    h.ready_worker(0.0, "A")
+    nvml_cache = {"path": f"{JAIL}/ld.so.cache(libnvidia-ml.so.1)", "lookup": "libnvidia-ml.so.1", "attached": False,
+                  "size": 26, "same_bytes": False, "loader": f"{JAIL}/{LIB}/libnvidia-ml.so.1: file too short",
+                  "resolved": f"cache: /{LIB}/libnvidia-ml.so.1"}
+    nvml_dlopen = {"path": f"{JAIL}/dlopen(libnvidia-ml.so.1)", "lookup": "libnvidia-ml.so.1", "attached": False,
+                   "size": None, "loader": "libnvidia-ml.so.1: cannot open shared object file: No such file or directory"}
+    h.add(0.1, "A", "probe", results=[nvml_cache, nvml_dlopen])
+    v = check(h.events, good_final())
+    assert v.invariant == "INV-5"
+    assert [x.explanation.split(" shows ", 1)[1] for x in v.results["INV-5"].violations] == [
+        f"ld.so.cache(libnvidia-ml.so.1): the lookup gave cache: /{LIB}/libnvidia-ml.so.1, mount detached, "
+        "26-byte file that is not the host file (a placeholder); loader says: file too short",
+        "dlopen(libnvidia-ml.so.1): nothing loaded; loader says: cannot open shared object file: No such file or directory"]
+
+
 # -- INV-6 no host residue ---------------------------------------------------------------------
 
 def test_inv6_fails_on_leftovers():

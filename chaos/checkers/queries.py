@@ -119,6 +119,8 @@ def is_bad(result: dict) -> bool:
 
 def what_went_wrong(result: dict) -> str:
     """What a GPU job saw instead of the driver file, in a few words."""
+    if result.get("lookup") and result.get("size") is None:   # the loader found no usable file for the soname
+        return "nothing loaded" + (f" ({result['resolved']})" if result.get("resolved") else "")
     parts = []
     if result.get("attached", True) is False:
         parts.append("mount detached")
@@ -129,16 +131,19 @@ def what_went_wrong(result: dict) -> str:
         parts.append(f"{size}-byte file that is not the host file" + (" (a placeholder)" if size < PLACEHOLDER_MAX else ""))
     if not parts:
         parts.append("loader failed")
+    if result.get("lookup") and result.get("resolved"):
+        parts.insert(0, f"the lookup gave {result['resolved']}")
     return ", ".join(parts)
 
 
 def loader_says(result: dict) -> str | None:
-    """The loader's complaint without the leading path (`/j/usr/lib/libx.so.1: file too short`)."""
+    """The loader's complaint without the leading path (`/j/usr/lib/libx.so.1: file too short`), or
+    the soname a lookup asked for (`libx.so.1: cannot open shared object file`)."""
     loader = result.get("loader")
     if loader is None or loader == "ok":
         return None
     head, sep, rest = str(loader).partition(": ")
-    return rest if sep and head.startswith("/") else str(loader)
+    return rest if sep and (head.startswith("/") or head == result.get("lookup")) else str(loader)
 
 
 def describe(event: dict, t0: float = 0.0, jails: tuple[str, ...] = ()) -> str:

@@ -18,7 +18,8 @@ stdin/stdout. It:
    `JAIL/dev` and `JAIL/run` (that is how a real jail sees node-local objects, SPEC REF-3);
 3. answers JSON-line requests: `run` an implementation (exit code, output up to a cap, duration,
    what it changed outside the jail; at its deadline or exit, every process it started is killed),
-   `probe` files through the jail with the real loader, `mounts`, `exit`.
+   `probe` files through the jail with the real loader (and sonames through the jail's linker
+   cache: `probe_lookup`), `mounts`, `exit`.
 
 The host's own `/usr`, `/dev`, `/run` are never written: every change is a mount in this namespace.
 
@@ -299,13 +300,98 @@ def probe_one(jail_path: str, host_path: str | None, load: bool, mountpoints: se
     return res
 
 
+# The loader's default directories (Debian multiarch), searched when the cache has no entry.
+LOADER_DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib")
+RTLD_DI_LINKMAP = 2
+_cache_listing: dict[str, list[str]] = {}   # filled in a probe's child only: one `ldconfig -p` per round
+
+
+def probe_lookup(req: dict, mountpoints: set[str]) -> dict:
+    """What a GPU job that asks the loader for `lookup` (a soname) gets through the jail's linker
+    cache (runs in the probe's child). `via: "ldconfig"`: the entry the real ldconfig prints from
+    JAIL/etc/ld.so.cache (`ldconfig -p -C`), else the default directory the loader falls back to,
+    probed as a file. `via: "dlopen"`: a real dlopen by soname in a grandchild chrooted into the
+    jail. glibc maps its cache for each dlopen and unmaps it after, so the chrooted child reads the
+    jail's cache, not one inherited from this process (tests/test_lookup_probes.py shows it with an
+    entry only the jail's cache has). The result is named `JAIL/ld.so.cache(SONAME)` or
+    `JAIL/dlopen(SONAME)` and says which file the lookup gave (`resolved`)."""
+    jail, soname, host = req["root"], req["lookup"], req.get("host")
+    if req["via"] == "ldconfig":
+        cache = f"{jail}/etc/ld.so.cache"
+        if cache not in _cache_listing:
+            try:
+                out = subprocess.run([req["ldconfig"], "-p", "-C", cache], capture_output=True, text=True).stdout
+            except OSError:   # no ldconfig here: every lookup is the loader's fallback
+                out = ""
+            _cache_listing[cache] = [ln.strip() for ln in out.splitlines() if " => " in ln and "x86-64" in ln]
+        entries = [ln.split(" => ", 1)[1] for ln in _cache_listing[cache] if ln.split(" ", 1)[0] == soname]
+        fallback = next((f"{d}/{soname}" for d in LOADER_DEFAULT_DIRS if os.path.lexists(f"{jail}{d}/{soname}")),
+                        f"{LOADER_DEFAULT_DIRS[0]}/{soname}")
+        resolved = entries[0] if entries else fallback
+        res = probe_one(jail + resolved, host, True, mountpoints)
+        res.update(path=f"{jail}/ld.so.cache({soname})", lookup=soname,
+                   resolved=("cache: " if entries else "not in the cache, default directory: ") + resolved)
+        return res
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # chroot is for good: a grandchild per lookup, which never returns
+        try:
+            os.close(r)
+            os.write(w, json.dumps({**_dlopen_in_jail(jail, soname, host, mountpoints),
+                                    "path": f"{jail}/dlopen({soname})", "lookup": soname}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(out) if out else {"path": f"{jail}/dlopen({soname})", "lookup": soname, "size": None,
+                                        "attached": False, "error": "the chrooted lookup died"}
+
+
+def _dlopen_in_jail(jail: str, soname: str, host: str | None, mountpoints: set[str]) -> dict:
+    """In a process of its own: chroot into the jail, dlopen `soname`, and probe the file the
+    loader picked (dlinfo's link map names it), comparing its bytes with the host file's."""
+    res: dict = {"size": None, "attached": False}   # until a lookup finds a file
+    try:
+        want = open(host, "rb").read() if host else None
+        try:   # RTLD_NOLOAD succeeds only if loaded: then the soname would be answered without a lookup
+            ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            loaded = True
+        except OSError:
+            loaded = False
+        if loaded:
+            raise OSError(f"{soname} is already loaded in the probing process: no lookup would happen")
+        os.chroot(jail)
+        os.chdir("/")
+        lib = ctypes.CDLL(soname)
+        link_map = ctypes.c_void_p()
+        _libc.dlinfo(ctypes.c_void_p(lib._handle), RTLD_DI_LINKMAP, ctypes.byref(link_map))
+        l_name = ctypes.cast(link_map.value + ctypes.sizeof(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p))[0]
+        resolved = l_name.decode()
+        inside = {m[len(jail):] for m in mountpoints if m.startswith(jail + "/")}
+        res = probe_one(resolved, None, True, inside)   # the handle the soname gave: its bytes, its driver
+        res["resolved"] = resolved
+        if want is not None and res.get("size") is not None:
+            res["same_bytes"] = open(resolved, "rb").read() == want
+    except OSError as e:
+        res["loader"] = str(e)
+        res["error"] = e.strerror or str(e)
+    return res
+
+
 def op_probe(req: dict) -> dict:
     mountpoints = {m.mountpoint for m in sysops.mounts()}
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # a fresh process per round: the loader caches what it loaded (by dev/inode)
         os.close(r)
-        results = [probe_one(f["path"], f.get("host"), f.get("load", False), mountpoints) for f in req["files"]]
+        # The dlopen lookups first, while this child has loaded nothing: a library already loaded
+        # answers a dlopen of its soname at once, with no lookup at all.
+        first = {i: probe_lookup(f, mountpoints) for i, f in enumerate(req["files"]) if f.get("via") == "dlopen"}
+        results = [first[i] if i in first else probe_lookup(f, mountpoints) if "lookup" in f else
+                   probe_one(f["path"], f.get("host"), f.get("load", False), mountpoints)
+                   for i, f in enumerate(req["files"])]
         os.write(w, json.dumps(results).encode())
         os._exit(0)
     os.close(w)

@@ -7,6 +7,10 @@ those capabilities (the CLI's own capability lists in gpujail/nvc_info.py, the d
 fixtures/drivers.py, destinations per SPEC CLI-3), as `{path, host, load}` requests for
 `Node.probe`, which reads each through the jail path in the worker's namespace, compares the bytes
 with the host file and, for 64-bit libraries, loads it with the real loader (`ctypes.CDLL`).
+`soname_files` adds each library's soname (REF-12: the node's own driver), `lookup_files` the same
+sonames looked up as a job's loader does, through the jail's linker cache (Node.probe: the real
+`ldconfig -p -C` and a chrooted `dlopen`), and `compat_files` the
+CUDA image's compat libraries a worker's CLI mounted (REF-6, CLI-3: what `list` never names).
 `problems(results)` turns probe results into one line per lost file (SPEC INV-1, INV-5).
 """
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import os
 
 from gpujail.fixtures import drivers, nvc_info
+from gpujail.fixtures.jail import find_ldconfig
 
 
 def gpu_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility") -> list[dict]:
@@ -39,6 +44,29 @@ def soname_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str
     return [{"path": f"{jail}/usr/lib/x86_64-linux-gnu/{f.soname}", "host": f.path, "load": True, "soname": True}
             for f in drivers.catalogue(version)
             if f.kind == "library" and nvc_info.selected(f.path, caps) and f.soname != os.path.basename(f.path)]
+
+
+def lookup_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility") -> list[dict]:
+    """Issue 17 (the operator's PR #2621 and #2682): each soname of `soname_files` looked up
+    through the jail's `etc/ld.so.cache`, twice: as the real ldconfig prints the cache, and by a
+    real dlopen by soname with the jail as root. Each must give this node's own host library."""
+    ldconfig = find_ldconfig()
+    return [{"lookup": os.path.basename(f["path"]), "via": via, "root": str(jail), "host": f["host"],
+             "ldconfig": ldconfig} for f in soname_files(jail, version, capabilities) for via in ("ldconfig", "dlopen")]
+
+
+def compat_files(jail, node: str, events: list[dict]) -> list[dict]:
+    """REF-6, CLI-3: probe requests for the CUDA forward-compatibility libraries `node`'s CLI mounted
+    in its last start (configure without `--cuda-compat-mode=disabled`), read from the run's
+    history. The worker verified them like its driver files (REF-7), so a job may rely on them. Only
+    the versioned files: the compat directory's soname links land on the jail's sonames, which a
+    REF-12 implementation covers with the node's own driver."""
+    compat = f"{jail}/usr/local/cuda/compat/"
+    mine = [e for e in events if e.get("node") == node]
+    last = max((e["t"] for e in mine if e["kind"] in ("worker.start", "worker.restart")), default=0.0)
+    return [{"path": e["dst"], "host": e["src"], "load": True} for e in mine
+            if e["kind"] == "cli.mount" and e["t"] >= last and e.get("src", "").startswith(compat)
+            and not os.path.islink(e["src"])]
 
 
 def problems(results: list[dict]) -> list[str]:

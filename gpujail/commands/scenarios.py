@@ -3,7 +3,8 @@
 `reproduce` runs one scenario (chaos/runner.py) in a temporary directory with a progress line, then
 prints the checker's verdict and causal chain and keeps the history, the final state and the
 timeline picture in `--out` (default `reports/reproduce/<scenario>-<impl>-seed<N>/`). gpujail/cli.py
-has loaded the scenario and checked the implementation and the backend before.
+has loaded the scenario and checked the implementation and the backend before. Exit codes: 0 valid,
+1 a violation, 4 inconclusive (an invariant undecided, or a declared fault window never opened).
 """
 from __future__ import annotations
 
@@ -62,7 +63,11 @@ def reproduce(args, sc) -> int:
     if undecided:
         print(f"inconclusive: {', '.join(undecided)} could not be decided, and the scenario does not expect that",
               file=term)
-    return EXIT["failed" if failed else "inconclusive" if undecided else "passed"]
+    unopened = result.unopened()
+    if unopened and not failed:   # every invariant held, but the run never exercised its fault
+        print("inconclusive: " + "; ".join(f"fault window {w} never opened ({result.windows[w][1]})" for w in unopened)
+              + ": the run proved nothing about its fault", file=term)
+    return EXIT["failed" if failed else "inconclusive" if undecided or unopened else "passed"]
 
 
 def one_line(sc) -> str:

@@ -123,8 +123,10 @@ _kind("impl.outside", "gpujail/backends/node.py", "changes:list",
       "(cow.py): never done to the host, and a REF-11 / INV-3 violation",
       changes="path:str change:str mode:int")
 _kind("probe", "gpujail/backends/node.py", "results:list",
-      "what a GPU job on the node sees at each driver file: attached, size, same bytes, loader",
-      results="path:str attached:bool size:int|null same_bytes:bool? error:str? loader:str? driver:str?")
+      "what a GPU job on the node sees at each driver file: attached, size, same bytes, loader; for a "
+      "soname looked up through the jail's linker cache, also `lookup` and what it `resolved` to",
+      results="path:str attached:bool size:int|null same_bytes:bool? error:str? loader:str? driver:str? "
+              "lookup:str? resolved:str?")
 
 # -- failpoints (gpujail/world/failpoints.py), in any process that evaluates one --------------------
 _kind("failpoint", "gpujail/world/failpoints.py",
