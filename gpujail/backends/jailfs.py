@@ -234,8 +234,19 @@ class JailFS:
             f.unlink(missing_ok=True)
         return pids
 
-    def restart_brick(self) -> None:
+    def restart_brick(self, timeout: float = 30.0) -> None:
+        """Start the brick again and wait until the harness's client reads the jail again (clients
+        reconnect on their own, within seconds): the harness's after-run snapshot must see the jail."""
         self._gluster("volume", "start", self.volume, "force")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                os.listdir(self.jail)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def set_latency(self, ms: float, percent: int = 100) -> None:
         """Latency on every file operation of the brick (GlusterFS's delay-gen translator); 0 clears it."""
