@@ -36,6 +36,14 @@ Kinds (KINDS):
   over itself: shared data, but `flock` serialises only within one view (a lock that is only
   node-local, like NFS with `local_lock=all`). The harness uses the directory itself.
 
+`provide(..., cache_timeout=0)` makes the nodes' GlusterFS clients revalidate at every lookup (the
+suites' choice, CHAOS_CACHE_TIMEOUT). `fleet_class(kernel.Fleet, kind, faults)` is the Fleet the
+suites use: the file system around each fleet's life, each node started from its client's
+namespace, and the scenario's network faults (`NetFault`) injected and recorded in the history.
+
+A SIGKILLed or SIGTERMed harness (pytest does not turn SIGTERM into cleanup; `gpujail run` does)
+leaves glusterd, the brick and the clients running: stop them by the pids `leftovers()` names.
+
 `unavailable(kind)` says why a kind cannot run here (None when it can), after installing the Debian
 packages through apt when they are missing and we are root (as scripts/with-dockerd.sh does for
 docker.io); the command and the plugin turn the reason into exit 3 or a skip.
@@ -318,7 +326,7 @@ class JailFS:
 
     # -- up and down ---------------------------------------------------------------------------------
 
-    def _start_gluster(self, lock_timeout: float) -> None:
+    def _start_gluster(self) -> None:
         # A directory of its own each time: a brick that held a volume cannot make another one.
         self.run_dir.mkdir(parents=True, exist_ok=True)
         g = self.state = Path(tempfile.mkdtemp(prefix="gluster-", dir=self.run_dir))
@@ -460,7 +468,7 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
     with _machine_lock(kind, lock_timeout), (_own_mount_ns() if kind == "gluster" else contextlib.nullcontext()):
         try:
             if kind == "gluster":
-                fs._start_gluster(lock_timeout)
+                fs._start_gluster()
                 fs._seed_through_harness_client()
                 if cache_timeout is not None:   # the nodes' clients only; the harness's keeps the default
                     fs._mount_cmd[4] += f",entry-timeout={cache_timeout:g},attribute-timeout={cache_timeout:g}"
