@@ -31,6 +31,8 @@ absolute times drift on shared machines. `--quick` repeats less (a smoke run, al
                local, gluster, nodelocal-locks (one client per side), against local
   launchers    node agents (gpujail/launchers/): starts/s through the local launcher and srun, time
                from `gpujail run --launcher X` to cold-race's verdict, clock uncertainty at rendezvous
+  jail-fs      legacy on cold-race with the jail on GlusterFS against local: caught n/20, median time
+               to the first violation; reference starts/s, 16 workers, GlusterFS against local
 """
 from __future__ import annotations
 
@@ -472,6 +474,56 @@ def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 
 
 FIGURES["launchers"] = launchers   # issue 19: node agents, locally and through srun
+# -- the jail on GlusterFS (issue 18) ---------------------------------------------------------------
+
+def jail_fs(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """`legacy` on cold-race (deterministic) with the jail on GlusterFS, one FUSE client per node
+    (gpujail/backends/jailfs.py), against a local directory: caught n/20 and the median time from
+    the run's start to the first violation; then worker starts/s, reference, 16 workers at once on
+    a warm jail, GlusterFS against local (median of 3)."""
+    from gpujail.backends import jailfs
+    reason = jailfs.unavailable("gluster")
+    if reason:
+        return [Row("jail on GlusterFS", f"not measured: {reason}")], {"unavailable": reason}
+    runs, reps = (3, 1) if quick else (20, 3)
+    rows, raw = [], {}
+    sc = scenario.load("cold-race")
+    caught = {}
+    for kind in ("gluster", "local"):
+        fleet_class = jailfs.fleet_class(kernel.Fleet, kind)
+        times = []
+        for seed in range(runs):
+            t = _first_violation_s(runner.run(sc, "legacy", tmp / f"cold-race-{kind}-{seed}", seed=seed,
+                                              fleet_class=fleet_class))
+            if t is not None:
+                times.append(t)
+        caught[kind] = times
+        raw[f"cold-race/legacy/{kind}"] = {"runs": runs, "caught": len(times), "median_s_to_violation": median(times)}
+    g, loc = caught["gluster"], caught["local"]
+    rows.append(Row("cold-race, deterministic, legacy, jail on GlusterFS",
+                    f"caught {len(g)}/{runs}" + (f", median {median(g):.2f} s to the first violation" if g else ""),
+                    f"local: caught {len(loc)}/{runs}" + (f", median {median(loc):.2f} s" if loc else ""),
+                    ratio(median(g), median(loc)) if g and loc else None))
+    rate = {}
+    for kind in ("gluster", "local"):
+        rates = []
+        for rep in range(reps):
+            run_dir = tmp / f"starts-{kind}-{rep}"
+            jail = make_jail(run_dir / "jail")
+            with jailfs.fleet_class(kernel.Fleet, kind).recording(jail, run_dir) as fleet:
+                assert start_worker(fleet, "prewarm", "reference").ready
+                ready, wall = start_many(fleet, "reference", 16, "w")
+            rates.append(ready / wall)
+        rate[kind] = median(rates)
+        raw[f"starts/reference/warm/16/{kind}"] = {"starts_per_s": [round(r, 2) for r in rates]}
+    rows.append(Row("starts/s, reference, warm, 16 workers, jail on GlusterFS", f"{rate['gluster']:.1f}/s",
+                    f"local {rate['local']:.1f}/s", ratio(rate["gluster"], rate["local"])))
+    return rows, raw
+
+
+FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "windows": windows, "starts": starts, "paths": paths,
+           "docker": docker, "model": model, "suites": suites, "memory": memory}
+FIGURES["jail-fs"] = jail_fs
 
 
 def table(rows: list[Row]) -> str:

@@ -32,5 +32,20 @@ def test_network_fault(name, impl, artefacts_dir, request, tmp_path, workers):
     failed, undecided = judge(result, request)
     if failed or undecided:
         result.keep(artefacts_dir)
-    assert not failed and not undecided, result.report()
+    assert not failed and not undecided, result.report() + k2_reading(result)
     inconclusive(result)
+
+
+def k2_reading(result) -> str:
+    """The first lost file's K-2 reading (chaos/checkers/network.py), when revalidation played a part."""
+    import json
+    from gpujail.chaos import checker
+    from gpujail.chaos.checkers import network
+    from gpujail.world import history
+    lost = result.verdict.results.get("INV-1")
+    if lost is None or not lost.violations:
+        return ""
+    run = checker.Run(history.load(str(result.history_path)),
+                      json.loads((result.run_dir / "final_state.json").read_text()))
+    lines = network.explain(run, lost.violations[0])
+    return "".join(f"\n  K-2: {line}" for line in lines)

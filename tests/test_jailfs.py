@@ -195,3 +195,31 @@ def test_unavailable_says_why_when_not_root():
     if r.returncode != 0 and "setpriv" in r.stderr:
         pytest.skip(f"cannot drop privileges here: {r.stderr.strip()}")
     assert r.stdout.strip() == "jail filesystem 'gluster' needs root (FUSE mounts in each node's namespace)"
+
+
+def test_k2_chain_names_the_remote_unlink_and_the_lookup_that_detached():
+    """chaos/checkers/network.py on a history as a GlusterFS run records it (K-2): w2's CLI cleanup
+    unlinks a file at t=1.0; w1's probe at t=1.4 still sees it (its client's cached dentry); w1's
+    probe at t=2.1 finds it gone. The INV-1 violation's K-2 reading names all three."""
+    from gpujail.chaos import checker
+    from gpujail.chaos.checkers import network
+    jail = "/run/j/jail"
+    lib = f"{jail}/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+    ok = {"path": lib, "attached": True, "size": 4096, "same_bytes": True}
+    gone = {"path": lib, "attached": False, "size": None, "error": "No such file or directory"}
+    events = [{"t": 0.0, "node": "host", "kind": "chaos.begin", "scenario": "k2", "impl": "x", "seed": 0,
+               "schedule": {}, "versions": {}, "windows": []},
+              {"t": 0.1, "node": "w1", "kind": "worker.start", "attempt": 0},
+              {"t": 0.5, "node": "w1", "kind": "worker.ready", "attempt": 0},
+              {"t": 0.6, "node": "w1", "kind": "probe", "results": [ok]},
+              {"t": 1.0, "node": "w2", "kind": "cli.cleanup.unlink", "path": lib, "size": 0, "pid": 7},
+              {"t": 1.4, "node": "w1", "kind": "probe", "results": [ok]},
+              {"t": 2.1, "node": "w1", "kind": "probe", "results": [gone]},
+              {"t": 2.2, "node": "host", "kind": "chaos.end"}]
+    run = checker.Run(events, {"jail": jail})
+    violation = checker.check(events, {"jail": jail}).results["INV-1"].violations[0]
+    assert network.late_detachment(run, events[4], events[6]) is events[5]
+    assert network.explain(run, violation) == [
+        "w2 unlinked usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15 at t=1.000s through its own client",
+        "w1 still saw it attached at t=1.400s (its client's cached dentry, K-2)",
+        "w1's lookup at t=2.100s found it gone and detached its mount"]

@@ -242,10 +242,7 @@ def gluster_pair(tmp_path_factory):
     if reason:   # a failure where it must run (run-tests as root sets GPUJAIL_REQUIRE_JAILFS=1)
         (pytest.fail if os.environ.get("GPUJAIL_REQUIRE_JAILFS") else pytest.skip)(f"GlusterFS fidelity: {reason}")
     run = tmp_path_factory.mktemp("fidelity-gluster")
-    with jailfs.provide("gluster", run, cache_timeout=0) as fs:
-        # No client caches (see the top of this file). cache_timeout sets the FUSE timeouts only:
-        # md-cache is the volume's, set here before the first node's client is mounted.
-        fs._gluster("volume", "set", fs.volume, "performance.md-cache-timeout", "0")
+    with jailfs.provide("gluster", run, cache_timeout=0) as fs:   # no client caches (see the top of this file)
         agents = [subprocess.Popen(["nsenter", f"--mount={fs.node_options(node)['mount_ns']}", sys.executable,
                                     __file__, "agent"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                    cwd=os.path.dirname(os.path.dirname(__file__))) for node in ("n1", "n2")]

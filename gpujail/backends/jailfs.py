@@ -16,12 +16,13 @@ Kinds (KINDS):
 * `local`: the jail is the directory itself; every node sees the same dentries (K-1: a remote
   unlink detaches at once). No client, no daemon: `node_options` is {}.
 * `gluster`: `glusterd -N` is started as our child with its working, run and log directories and its
-  CLI socket under `run_dir/gluster/` (its TCP port is the fixed 24007 that bricks and clients
+  CLI socket under `run_dir/gluster-XXXX/` (its TCP port is the fixed 24007 that bricks and clients
   assume, so one run at a time per machine: a `flock` on the glusterd binary serialises them). A
-  volume on a brick under `run_dir/gluster/brick` is created (`gluster --mode=script volume create
+  volume on a brick under `run_dir/gluster-XXXX/brick` is created (`gluster --mode=script volume create
   NAME HOST:BRICK force`) and started; the image already in `jail` is moved aside and copied in
-  through the harness's client, mounted at `jail` in the host's namespace for the lifetime of the
-  context (the chaos runner and the fixtures read and write the jail at one path). Each node gets a
+  through the harness's client, mounted at `jail` for the lifetime of the context in a private
+  mount namespace of the calling thread (`_own_mount_ns`: the chaos runner and the fixtures read and
+  write the jail at one path; the host's namespace never holds it). Each node gets a
   *client holder*: a process in a private mount namespace of its own (`unshare --mount`) in which a
   second FUSE client is mounted over `jail`; the node's agent enters that namespace before it makes
   its own (node.py, `mount_ns`), so each node looks the jail up through its own client, with its own
@@ -35,6 +36,14 @@ Kinds (KINDS):
   over itself: shared data, but `flock` serialises only within one view (a lock that is only
   node-local, like NFS with `local_lock=all`). The harness uses the directory itself.
 
+`provide(..., cache_timeout=0)` makes the nodes' GlusterFS clients revalidate at every lookup (the
+suites' choice, CHAOS_CACHE_TIMEOUT). `fleet_class(kernel.Fleet, kind, faults)` is the Fleet the
+suites use: the file system around each fleet's life, each node started from its client's
+namespace, and the scenario's network faults (`NetFault`) injected and recorded in the history.
+
+A SIGKILLed or SIGTERMed harness (pytest does not turn SIGTERM into cleanup; `gpujail run` does)
+leaves glusterd, the brick and the clients running: stop them by the pids `leftovers()` names.
+
 `unavailable(kind)` says why a kind cannot run here (None when it can), after installing the Debian
 packages through apt when they are missing and we are root (as scripts/with-dockerd.sh does for
 docker.io); the command and the plugin turn the reason into exit 3 or a skip.
@@ -42,6 +51,7 @@ docker.io); the command and the plugin turn the reason into exit 3 or a skip.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import re
@@ -49,6 +59,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -56,11 +67,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpujail.world.sysops import MS_PRIVATE, MS_REC, RealSys
+
 KINDS = ("local", "gluster", "nodelocal-locks")
 PACKAGES = {"gluster": {"glusterd": "glusterfs-server", "mount.glusterfs": "glusterfs-client"},
             "nodelocal-locks": {"bindfs": "bindfs"}}
 GLUSTER_RUN = Path("/run/gluster")   # where glusterd puts brick sockets whatever its run-directory
 CALL_TIMEOUT = 60.0
+CLONE_NEWNS = 0x00020000
+_libc = ctypes.CDLL(None, use_errno=True)
+_sys = RealSys()
 
 
 class Unavailable(RuntimeError):
@@ -162,6 +178,7 @@ class JailFS:
     _gluster_sock: str = ""
     _harness_mounted: bool = False
     _run_before: set[str] = field(default_factory=set)
+    state: Path = Path()   # gluster: glusterd's working, run and log directories and the brick
 
     # -- what nodes get ----------------------------------------------------------------------------
 
@@ -211,11 +228,11 @@ class JailFS:
 
     def _gluster(self, *args: str, timeout: float = CALL_TIMEOUT) -> str:
         return _run(["gluster", "--mode=script", f"--glusterd-sock={self._gluster_sock}",
-                     f"--log-file={self.run_dir}/gluster/log/cli.log", *args], "gluster", timeout)
+                     f"--log-file={self.state}/log/cli.log", *args], "gluster", timeout)
 
     def brick_pids(self) -> list[int]:
         pids = []
-        for f in (self.run_dir / "gluster/run/vols" / self.volume).glob("*.pid"):
+        for f in (self.state / "run/vols" / self.volume).glob("*.pid"):
             with contextlib.suppress(ValueError, OSError):
                 pid = int(f.read_text().strip())
                 if _alive(pid):
@@ -230,12 +247,23 @@ class JailFS:
         # A killed brick may stay a zombie (its reaper is whoever adopted the daemon), and glusterd
         # takes a pid file naming an existing /proc entry for a running brick: without the file,
         # `volume start force` starts a new one.
-        for f in (self.run_dir / "gluster/run/vols" / self.volume).glob("*.pid"):
+        for f in (self.state / "run/vols" / self.volume).glob("*.pid"):
             f.unlink(missing_ok=True)
         return pids
 
-    def restart_brick(self) -> None:
+    def restart_brick(self, timeout: float = 30.0) -> None:
+        """Start the brick again and wait until the harness's client reads the jail again (clients
+        reconnect on their own, within seconds): the harness's after-run snapshot must see the jail."""
         self._gluster("volume", "start", self.volume, "force")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                os.listdir(self.jail)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def set_latency(self, ms: float, percent: int = 100) -> None:
         """Latency on every file operation of the brick (GlusterFS's delay-gen translator); 0 clears it."""
@@ -268,8 +296,9 @@ class JailFS:
             out.append(f"glusterd (pid {self._glusterd.pid})")
         marker = str(self.run_dir)
         out += [f"process {pid}: {cmd[:200]}" for pid, cmd in self._daemons()]
-        with open("/proc/self/mountinfo") as f:
-            out += [f"host mount {ln.split()[4]}" for ln in f if ln.split()[4].startswith(marker)]
+        for ns in ("/proc/thread-self/mountinfo", "/proc/1/mountinfo"):   # ours, and the host's
+            with contextlib.suppress(OSError), open(ns) as f:
+                out += [f"mount {ln.split()[4]}" for ln in f if ln.split()[4].startswith(marker)]
         if GLUSTER_RUN.is_dir() and self.kind == "gluster":
             out += [f"{GLUSTER_RUN / n} (left by glusterd)" for n in set(os.listdir(GLUSTER_RUN)) - self._run_before]
         return sorted(set(out))
@@ -297,8 +326,10 @@ class JailFS:
 
     # -- up and down ---------------------------------------------------------------------------------
 
-    def _start_gluster(self, lock_timeout: float) -> None:
-        g = self.run_dir / "gluster"
+    def _start_gluster(self) -> None:
+        # A directory of its own each time: a brick that held a volume cannot make another one.
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        g = self.state = Path(tempfile.mkdtemp(prefix="gluster-", dir=self.run_dir))
         for d in ("work", "run", "log", "brick"):
             (g / d).mkdir(parents=True, exist_ok=True)
         self._gluster_sock = str(g / "run/glusterd.sock")
@@ -375,6 +406,26 @@ end-volume
 
 
 @contextlib.contextmanager
+def _own_mount_ns() -> Iterator[None]:
+    """This thread, and the threads and processes it starts from now on, in a private copy of its
+    mount namespace: the harness's client is mounted there, never in the host's namespace, where
+    every namespace made meanwhile (other runs' nodes) would copy it, and see it fail in a brick
+    outage. (unshare(CLONE_NEWNS) gives the calling thread alone its own namespace.) On exit this
+    thread goes back, unless threads it started still share its file system context: then it stays
+    in the copy, whose own mounts are gone by then."""
+    back = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY)
+    try:
+        if _libc.unshare(CLONE_NEWNS) != 0:
+            e = ctypes.get_errno()
+            raise Unavailable(f"cannot make a private mount namespace for the harness's client: {os.strerror(e)}")
+        _sys.mount(None, "/", None, MS_REC | MS_PRIVATE)
+        yield
+    finally:
+        _libc.setns(back, CLONE_NEWNS)
+        os.close(back)
+
+
+@contextlib.contextmanager
 def _machine_lock(kind: str, timeout: float) -> Iterator[None]:
     """One gluster run per machine (glusterd's port 24007 is fixed): a flock on the glusterd binary,
     which every run opens read-only, so no lock file is left anywhere."""
@@ -414,13 +465,16 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
     jail = Path(jail) if jail is not None else run_dir / "jail"
     jail.mkdir(parents=True, exist_ok=True)
     fs = JailFS(kind, run_dir, jail)
-    with _machine_lock(kind, lock_timeout):
+    with _machine_lock(kind, lock_timeout), (_own_mount_ns() if kind == "gluster" else contextlib.nullcontext()):
         try:
             if kind == "gluster":
-                fs._start_gluster(lock_timeout)
+                fs._start_gluster()
                 fs._seed_through_harness_client()
                 if cache_timeout is not None:   # the nodes' clients only; the harness's keeps the default
                     fs._mount_cmd[4] += f",entry-timeout={cache_timeout:g},attribute-timeout={cache_timeout:g}"
+                    # the FUSE timeouts alone are not enough: GlusterFS's md-cache (a volume option, whole
+                    # seconds) still answers a lookup for about a second after another client's unlink
+                    fs._gluster("volume", "set", fs.volume, "performance.md-cache-timeout", str(int(cache_timeout)))
             elif kind == "nodelocal-locks":
                 fs._mount_cmd = ["bindfs", "-o", "fsname=gpujail-jailfs", str(jail), str(jail)]
             if kind != "local" and nodes:
