@@ -39,8 +39,10 @@ def test_network_fault(name, impl, artefacts_dir, request, tmp_path, workers):
 def k2_reading(result) -> str:
     """The first lost file's K-2 reading (chaos/checkers/network.py), when revalidation played a part."""
     import json
+
     from gpujail.chaos import checker
     from gpujail.chaos.checkers import network
+
     from gpujail.world import history
     lost = result.verdict.results.get("INV-1")
     if lost is None or not lost.violations:
