@@ -180,6 +180,26 @@ def test_seed_bug_is_an_inv1_violation_with_its_causal_chain():
                                  "INV-5": "PASS", "INV-6": "PASS"}
 
 
+def test_a_network_jail_loss_names_the_remote_unlink_and_the_lookup_that_detached():
+    """K-2 (SPEC section 3, a jail on GlusterFS): B's cleanup unlinks the placeholder under A's NVML
+    mount through B's own client, but A's client still has the dentry, so A's next probe still sees
+    the file; only A's lookup after that finds it gone and detaches the mount. The chain ends with
+    the probe that still saw it, and the verdict says which lookup detached it."""
+    h = History()
+    h.ready_worker(0.0, "A")
+    h.probe(0.06, "A")
+    h.failing_cli(0.3, "B", [NVML])
+    still = h.probe(0.35, "A")   # the remote unlink at t=0.306 has not detached A's mount yet
+    h.probe(0.412, "A", **{NVML: detached()})
+    verdict = check(h.events, good_final(transient_only=False))
+
+    assert verdict.invariant == "INV-1"
+    assert [e["kind"] for e in verdict.chain] == ["failpoint", "cli.fail", "cli.cleanup.unlink", "probe"]
+    assert verdict.chain[-1] is still
+    assert ("its mount outlived that unlink (still intact at t=0.350s) until its own lookup at t=0.412s "
+            "found the file gone and detached it (K-2)") in verdict.explanation
+
+
 def test_seed_bug_summary_reads_as_a_story():
     h = History()
     h.ready_worker(0.0, "A")

@@ -17,7 +17,18 @@ Both invariants judge one pass over the spans (`content`, memoised on the run); 
 """
 from __future__ import annotations
 
-from .queries import Run, cause_text, chain_of, is_bad, loader_says, node_of, normalised, removal_before, what_went_wrong
+from .queries import (
+    Run,
+    cause_text,
+    chain_of,
+    is_bad,
+    late_detachment,
+    loader_says,
+    node_of,
+    normalised,
+    removal_before,
+    what_went_wrong,
+)
 from .results import UNKNOWN, InvariantResult, Violation, plural
 
 SPAN_END = ("worker.exit", "worker.start", "worker.restart", "chaos.kill")
@@ -68,6 +79,12 @@ def check_content(run: Run) -> tuple[InvariantResult, InvariantResult]:
                 else:
                     cause = (f" after {cause_text(run, removal)}" if removal else
                              "; nothing in the history removed it")
+                    # on a network jail the remote unlink detaches only at the victim's next lookup (K-2)
+                    still = late_detachment(run, removal, probe) if removal else None
+                    if still:
+                        cause += (f"; its mount outlived that unlink (still intact at {run.at(still)}) until its own "
+                                  f"lookup at {run.at(probe)} found the file gone and detached it (K-2)")
+                        chain = [*chain, still]
                     text = f"worker {node} lost {run.rel(path)}: {what_went_wrong(r)} at {run.at(probe)}{cause}"
                     inv1.append(Violation("INV-1", text + tail, probe, chain))
     if not spans:

@@ -22,7 +22,7 @@ still saw the file, the probe whose lookup detached it.
 from __future__ import annotations
 
 from .content import ready_spans
-from .queries import Run, is_bad, node_of, normalised, removal_before
+from .queries import Run, is_bad, late_detachment, node_of, removal_before
 from .windows import WINDOWS, _starts
 
 
@@ -81,21 +81,6 @@ WINDOWS.update({
 
 
 # -- K-2: the lookup that detached --------------------------------------------------------------
-
-def late_detachment(run: Run, removal: dict, probe: dict) -> dict | None:
-    """The victim's last probe after `removal` that still saw the removed file intact (the mount
-    outlived the remote unlink), or None when the first probe after it already found it gone (K-1,
-    or a client that revalidates at every lookup)."""
-    victim = node_of(probe)
-    paths = {normalised(run.rel(r.get("path", ""))) for r in probe.get("results") or [] if is_bad(r)}
-    good = None
-    for p in run.node_events(victim):
-        if p.get("kind") != "probe" or not removal["t"] < p["t"] < probe["t"]:
-            continue
-        if any(normalised(run.rel(r.get("path", ""))) in paths and not is_bad(r) for r in p.get("results") or []):
-            good = p
-    return good
-
 
 def explain(run: Run, violation) -> list[str]:
     """The K-2 reading of an INV-1 violation, in lines: the remote unlink, how long the victim's

@@ -224,6 +224,21 @@ def chain_of(run: Run, removal: dict) -> list[dict]:
     return ([faults[-1]] if faults else []) + chain
 
 
+def late_detachment(run: Run, removal: dict, probe: dict) -> dict | None:
+    """The victim's last probe after `removal` that still saw the removed file intact (the mount
+    outlived the remote unlink), or None when the first probe after it already found it gone (K-1,
+    or a client that revalidates at every lookup)."""
+    victim = node_of(probe)
+    paths = {normalised(run.rel(r.get("path", ""))) for r in probe.get("results") or [] if is_bad(r)}
+    good = None
+    for p in run.node_events(victim):
+        if p.get("kind") != "probe" or not removal["t"] < p["t"] < probe["t"]:
+            continue
+        if any(normalised(run.rel(r.get("path", ""))) in paths and not is_bad(r) for r in p.get("results") or []):
+            good = p
+    return good
+
+
 def cause_text(run: Run, removal: dict) -> str:
     who = node_of(removal)
     if removal.get("kind") == "impl.populate_cleanup":
