@@ -289,6 +289,7 @@ def _end_strays(p: subprocess.Popen) -> None:
 # the bundled implementations (reference, legacy, direct, mutants), whose code this repository owns.
 # Named, not imported: the node sits below them in the layers and only runs them as `-m` would.
 WARM_MODULES = ("gpujail.reference_impl",)
+_warmed: set[str] = set()
 WARM_ENV = "GPUJAIL_WARM_STARTS"   # "0" in the node's environment: exec every start (measurements)
 
 
@@ -338,7 +339,10 @@ def _fork_start(module: str, argv: list[str], env: dict, cwd: str) -> _Forked:
     its imports. OSError (a bad cwd) as Popen raises it, before the child exists."""
     import importlib
     import runpy
-    importlib.import_module(module + ".__main__")   # the warm part: later starts find it in sys.modules
+    if module + ".__main__" not in _warmed:   # the warm part: what it imports stays in sys.modules
+        importlib.import_module(module + ".__main__")
+        sys.modules.pop(module + ".__main__")   # itself runs as __main__ in each child, as `-m` runs it
+        _warmed.add(module + ".__main__")
     os.stat(cwd)
     (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
     pid = os.fork()
