@@ -1,4 +1,4 @@
-"""A bundled implementation forked warm from its node behaves as the exec'd interpreter (issue 19).
+"""A bundled implementation forked warm from its node behaves as the exec'd interpreter (issue 19; SPEC REF-11, INV-6).
 
 gpujail/backends/node.py runs `python -S -m gpujail.reference_impl ...` in a child forked from the
 node (its imports already done) instead of a new interpreter. Each test below starts real
@@ -14,11 +14,11 @@ import threading
 import time
 
 import pytest
+from gpujail.fixtures.jail import make_jail
+from gpujail.reference_impl.core import EXIT
 
 from gpujail.backends import node as node_agent
 from gpujail.contract import command_for
-from gpujail.fixtures.jail import make_jail
-from gpujail.reference_impl.core import EXIT
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
 
