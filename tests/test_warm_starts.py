@@ -77,6 +77,16 @@ def test_bad_input_gives_the_same_code_and_line(fleet, monkeypatch, args, code):
     assert results[True].stderr == results[False].stderr and results[True].stderr.strip()
 
 
+def test_a_missing_working_directory_fails_the_same(fleet, jail, tmp_path, monkeypatch):
+    argv = command_for("reference", str(jail), "w", "gpu-worker")
+    replies = {}
+    for warm in (False, True):
+        node = start(fleet, monkeypatch, f"w-{warm}", warm)
+        replies[warm] = node.call("run", argv=argv, env=node.contract_env(), cwd=str(tmp_path / "gone"), timeout=30)
+    assert replies[True]["code"] == replies[False]["code"] == 127
+    assert replies[True]["stderr"] == replies[False]["stderr"]
+
+
 def test_writes_outside_the_jail_are_caught_the_same(fleet, jail, tmp_path, monkeypatch):
     """A bundled implementation pointed at a directory outside the jail writes there: the node's
     copy-on-write view records it (and keeps the host as it was) whether the start was forked or exec'd."""

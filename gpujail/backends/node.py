@@ -331,19 +331,28 @@ class _Forked:
         return self.returncode
 
 
+def _warmed_up(module: str) -> bool:
+    """Import `module`'s __main__ and everything it imports into this node, once; False if that
+    fails (then the start is exec'd, and fails there as it would have)."""
+    import importlib
+    if module not in _warmed:
+        try:
+            importlib.import_module(module + ".__main__")
+        except Exception:
+            return False
+        sys.modules.pop(module + ".__main__")   # itself runs as __main__ in each child, as `-m` runs it
+        _warmed.add(module)
+    return True
+
+
 def _fork_start(module: str, argv: list[str], env: dict, cwd: str) -> _Forked:
     """Fork a child that does what `python -S -m MODULE ARGS` started by Popen(start_new_session,
     stdin=DEVNULL, stdout/stderr=PIPE, env, cwd) would: its own session, cwd, environment, argv,
-    standard streams, the module run as __main__, its exit status. The module and what it imports
-    are imported here first, once per node, so each start pays neither an interpreter start-up nor
-    its imports. OSError (a bad cwd) as Popen raises it, before the child exists."""
-    import importlib
+    standard streams, the module run as __main__, its exit status. What the module imports is
+    already imported here (`_warmed_up`, once per node), so each start pays neither an interpreter
+    start-up nor those imports. OSError (a bad cwd) as Popen raises it, before the child exists."""
     import runpy
-    if module + ".__main__" not in _warmed:   # the warm part: what it imports stays in sys.modules
-        importlib.import_module(module + ".__main__")
-        sys.modules.pop(module + ".__main__")   # itself runs as __main__ in each child, as `-m` runs it
-        _warmed.add(module + ".__main__")
-    os.stat(cwd)
+    os.close(os.open(cwd, os.O_RDONLY | os.O_DIRECTORY))   # a bad cwd fails here, as Popen's chdir would
     (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -395,6 +404,7 @@ def op_run(req: dict) -> dict:
     history.record("impl.start", argv=req["argv"])
     local = cow.snapshot(*NODE_LOCAL)
     module = warm_module(req["argv"], env, req["cwd"])
+    module = module if module and _warmed_up(module) else None
     try:
         if module:
             p = _fork_start(module, req["argv"], env, req["cwd"])
