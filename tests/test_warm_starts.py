@@ -9,6 +9,8 @@ vendor's command is still exec'd as given.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -138,3 +140,22 @@ def test_only_this_interpreter_running_a_bundled_module_from_this_gpujail_is_for
     assert node_agent.warm_module([sys.executable, "-m", *bundled[2:]], env, str(jail)) is None   # with site
     assert node_agent.warm_module(bundled, {**env, "PYTHONHASHSEED": "1"}, str(jail)) is None
     assert node_agent.warm_module(bundled, {"PYTHONPATH": "/nonexistent"}, str(jail)) is None   # no gpujail there
+
+
+def test_a_node_writes_the_bytecode_a_start_reads_once(tmp_path):
+    """A checkout without bytecode (PYTHONDONTWRITEBYTECODE everywhere) gets it from the first node,
+    before its namespaces; the next node finds it all written and writes nothing."""
+    import gpujail
+    for sub in ("gpujail", "fixtures", "reference_impl", "conformance"):
+        shutil.copytree(gpujail.ROOT / sub, tmp_path / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    code = "from gpujail.backends import node; node.write_bytecode()"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def written() -> dict[str, float]:
+        return {str(p): p.stat().st_mtime for p in tmp_path.rglob("*.pyc")}
+    subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd="/", check=True)
+    first = written()
+    assert any(p.endswith(f"fake_cli.{sys.implementation.cache_tag}.pyc") for p in first)
+    assert any(p.endswith(f"reference.{sys.implementation.cache_tag}.pyc") for p in first)
+    subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd="/", check=True)
+    assert written() == first

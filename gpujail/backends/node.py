@@ -131,8 +131,12 @@ def write_bytecode() -> None:
     with open(importlib.util.find_spec("gpujail").origin, "rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # on the package's __init__.py, read-only: no lock file to leave
         for path in _without_bytecode(dirs):   # again: another node may have written them meanwhile
-            with contextlib.suppress(OSError, py_compile.PyCompileError):
+            try:
                 py_compile.compile(path, doraise=True)
+            except py_compile.PyCompileError:
+                continue   # a broken module fails where it is imported, as before
+            except OSError:
+                return     # a read-only install: not each file again
 
 
 def enter_mount_ns(path: str) -> None:
