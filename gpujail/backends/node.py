@@ -18,7 +18,11 @@ stdin/stdout. It:
    `JAIL/dev` and `JAIL/run` (that is how a real jail sees node-local objects, SPEC REF-3);
 3. answers JSON-line requests: `run` an implementation (exit code, output up to a cap, duration,
    what it changed outside the jail; at its deadline or exit, every process it started is killed),
-   `probe` files through the jail with the real loader, `mounts`, `exit`.
+   `probe` files through the jail with the real loader, `mounts`, `exit`. A bundled implementation
+   (`python -S -m gpujail.reference_impl ...`) is not exec'd but forked from this node, which has
+   imported it once (the warm path, `warm_module`): same argv, environment, cwd, streams, exit status,
+   kill and outside-write check; anything else is exec'd as given. Before step 1 the node writes the
+   bytecode the starts read (`write_bytecode`): they may not write it themselves.
 
 The host's own `/usr`, `/dev`, `/run` are never written: every change is a mount in this namespace.
 
