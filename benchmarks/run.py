@@ -33,6 +33,9 @@ absolute times drift on shared machines. `--quick` repeats less (a smoke run, al
                from `gpujail run --launcher X` to cold-race's verdict, clock uncertainty at rendezvous
   jail-fs      legacy on cold-race with the jail on GlusterFS against local: caught n/20, median time
                to the first violation; reference starts/s, 16 workers, GlusterFS against local
+  cli-startup  one fake CLI start against `true`, `python3 -c pass`, `python3 -S -c pass` (wall, CPU)
+  start-parts  where one warm reference start's time goes (node up, implementation start-up, each
+               CLI run, the node's own work); 16 workers forked warm against exec'd, starts/s and CPU
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ import dataclasses
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -474,6 +478,8 @@ def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 
 
 FIGURES["launchers"] = launchers   # issue 19: node agents, locally and through srun
+
+
 # -- the jail on GlusterFS (issue 18) ---------------------------------------------------------------
 
 def jail_fs(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
@@ -521,9 +527,109 @@ def jail_fs(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     return rows, raw
 
 
-FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "windows": windows, "starts": starts, "paths": paths,
-           "docker": docker, "model": model, "suites": suites, "memory": memory}
-FIGURES["jail-fs"] = jail_fs
+FIGURES["jail-fs"] = jail_fs   # issue 18: the jail on GlusterFS
+
+
+# -- where one start's time goes, and the fake CLI's own start-up (issue 19) -----------------------------
+
+def cpu_of_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cli_startup(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """One fake CLI start (`nvidia-container-cli --version`: start-up and exit, no driver needed)
+    against `true`, `python3 -c pass` and `python3 -S -c pass`, taken in turns so that the load of a
+    shared machine falls on all four alike: median wall time and CPU time (user + system) of each."""
+    from gpujail.fixtures import BIN
+    commands = {"fake CLI": [str(BIN / "nvidia-container-cli"), "--version"], "true": ["true"],
+                "python3 -c pass": ["python3", "-c", "pass"], "python3 -S -c pass": ["python3", "-S", "-c", "pass"]}
+    # The interpreter a worker's PATH finds first (kernel.Node.contract_env), as the CLI's `env python3` does
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
+    walls, cpus = {k: [] for k in commands}, {k: [] for k in commands}
+    for _ in range(10 if quick else 60):
+        for name, argv in commands.items():
+            c0, t0 = cpu_of_children(), time.monotonic()
+            subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            walls[name].append(time.monotonic() - t0)
+            cpus[name].append(cpu_of_children() - c0)
+    wall, cpu = {k: median(v) for k, v in walls.items()}, {k: median(v) for k, v in cpus.items()}
+    others = ", ".join(f"{k} {ms(wall[k])}" for k in commands if k != "fake CLI")
+    rows = [Row("one fake CLI start (--version), wall", ms(wall["fake CLI"]), others,
+                ratio(wall["fake CLI"], wall["python3 -S -c pass"])),
+            Row("one fake CLI start (--version), CPU", ms(cpu["fake CLI"]),
+                ", ".join(f"{k} {ms(cpu[k])}" for k in commands if k != "fake CLI"),
+                ratio(cpu["fake CLI"], cpu["python3 -S -c pass"]))]
+    return rows, {"wall_s": wall, "cpu_s": cpu, "load": os.getloadavg()}
+
+
+# Consecutive events of one start (gpujail/world/events.py) and what happens between them.
+START_PARTS = [("impl.start", "impl.begin", "implementation start-up and imports (fork or exec)"),
+               ("impl.begin", "impl.placeholders", "`nvidia-container-cli list` run and the placeholder check"),
+               ("impl.placeholders", "cli.start", "`configure` CLI start-up and imports"),
+               ("cli.start", "cli.exit", "`configure`'s work (setns, mounts, --ldconfig)"),
+               ("cli.exit", "impl.ready", "CLI exit and the implementation's verification"),
+               ("impl.ready", "impl.exit", "implementation exit, the node's outside-write check")]
+
+
+def start_parts(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """Where one warm-jail reference start's time goes, from its own history (one worker at a time,
+    a fresh node each, median of each part), and the node's warm path against exec'ing every start:
+    16 reference workers at once on a warm jail, both ways in turns, starts/s and the CPU time all
+    node processes used per start."""
+    from gpujail.backends import node as node_agent
+    n = 5 if quick else 20
+    jail = make_jail(tmp / "jail")
+    parts: dict[str, list[float]] = {label: [] for *_, label in START_PARTS}
+    up, run, handoff = [], [], []
+    with kernel.Fleet.recording(jail, tmp / "run") as fleet:
+        assert start_worker(fleet, "prewarm", "reference").ready
+        from gpujail.contract import command_for
+        for i in range(n):
+            t0 = time.monotonic()
+            node = fleet.start(f"p{i}")
+            t1 = time.monotonic()
+            r = node.run(command_for("reference", str(jail), f"p{i}", "gpu-worker"), env=node.contract_env())
+            t2 = time.monotonic()
+            assert r.code == 0, r.stderr
+            node.kill()
+            at = {e["kind"]: e["t"] for e in fleet.history() if e.get("node") == f"p{i}"}
+            for first, then, label in START_PARTS:
+                parts[label].append(at[then] - at[first])
+            up.append(t1 - t0)
+            run.append(t2 - t1)
+            handoff.append((t2 - t1) - (at["impl.exit"] - at["impl.start"]))
+    whole = median(up) + median(run)
+    rows = [Row("one warm reference start: node up (interpreter, imports, namespaces, view)", ms(median(up)),
+                f"whole start {ms(whole)}", ratio(median(up), whole))]
+    rows += [Row(f"one warm reference start: {label}", ms(median(xs)), f"whole start {ms(whole)}", ratio(median(xs), whole))
+             for label, xs in parts.items()]
+    rows.append(Row("one warm reference start: request to the node and its reply", ms(median(handoff)),
+                    f"whole start {ms(whole)}", ratio(median(handoff), whole)))
+    rates: dict[str, list[float]] = {"warm": [], "exec": []}
+    cpu: dict[str, list[float]] = {"warm": [], "exec": []}
+    for rep in range(1 if quick else 3):
+        for way in ("exec", "warm"):
+            os.environ[node_agent.WARM_ENV] = "1" if way == "warm" else "0"   # read by each node at its start
+            try:
+                with kernel.Fleet(make_jail(tmp / f"jail-{way}-{rep}"), {}) as fleet:
+                    assert start_worker(fleet, "prewarm", "reference").ready
+                    c0 = cpu_of_children()
+                    ready, wall = start_many(fleet, "reference", 16, "w")
+                cpu[way].append((cpu_of_children() - c0) / 16)   # the nodes are reaped at the fleet's exit
+                rates[way].append(ready / wall)
+            finally:
+                os.environ.pop(node_agent.WARM_ENV)
+    rows.append(Row("starts/s, reference, warm jail, 16 workers, kernel backend, forked warm", f"{median(rates['warm']):.1f}/s",
+                    f"exec'd {median(rates['exec']):.1f}/s", ratio(median(rates["warm"]), median(rates["exec"]))))
+    rows.append(Row("CPU time per start (all node processes), 16 workers, forked warm", ms(median(cpu["warm"])),
+                    f"exec'd {ms(median(cpu['exec']))}", ratio(median(cpu["warm"]), median(cpu["exec"]))))
+    return rows, {"parts_s": {k: median(v) for k, v in parts.items()}, "node_up_s": median(up), "run_s": median(run),
+                  "starts_per_s": rates, "cpu_per_start_s": cpu, "load": os.getloadavg()}
+
+
+FIGURES["cli-startup"] = cli_startup   # issue 19: the fake CLI's start against bare interpreters
+FIGURES["start-parts"] = start_parts   # issue 19: where a start's time goes; warm fork against exec
 
 
 def table(rows: list[Row]) -> str:

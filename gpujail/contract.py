@@ -90,7 +90,8 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
     """Start a worker and restart it by `policy` until it reports ready or gives up.
     `first_attempt_env` is added to the first start only (a transient fault); `on_node(node)` is
     called with each new node (the chaos runner uses it to kill nodes). A node that dies under the
-    implementation (killed) counts as a failed attempt with code "killed". A start that reaches its
+    implementation (killed) counts as a failed attempt with code "killed". A restart whose node cannot be set
+    up is a failed attempt with code "no-node". A start that reaches its
     deadline (`timeout`, default the start timeout) is killed and not restarted: a restart would
     only wait again, and a run against a hanging script must end in about one deadline."""
     from gpujail.fixtures.drivers import DEFAULT_VERSION
@@ -105,8 +106,18 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
         if attempt:
             time.sleep(policy.delay(attempt - 1))
             log("worker.restart", attempt=attempt)
-        node = fleet.start(node_id, role=role, version=version if role == "gpu-worker" else None,
-                           **(node_options or {}))
+        try:
+            node = fleet.start(node_id, role=role, version=version if role == "gpu-worker" else None,
+                               **(node_options or {}))
+        except RuntimeError as e:
+            if not attempt:   # a worker's first node: this host cannot run the harness, say so
+                raise
+            # a restarted container whose set-up fails (its jail client down in a brick outage) is a
+            # failed attempt like any other: the restart policy decides, as a real orchestrator would
+            worker.attempts.append(RunResult("no-node", "", f"{e}\n", 0.0))
+            log("worker.start", impl=impl, attempt=attempt)
+            log("worker.exit", code="no-node", error=str(e))
+            continue
         argv = command_for(impl, str(fleet.jail), node_id, role)
         log("worker.start", impl=impl, attempt=attempt)
         if on_node:

@@ -19,7 +19,11 @@ stdin/stdout. It:
 3. answers JSON-line requests: `run` an implementation (exit code, output up to a cap, duration,
    what it changed outside the jail; at its deadline or exit, every process it started is killed),
    `probe` files through the jail with the real loader (and sonames through the jail's linker
-   cache: `probe_lookup`), `mounts`, `exit`.
+   cache: `probe_lookup`), `mounts`, `exit`. A bundled implementation
+   (`python -S -m gpujail.reference_impl ...`) is not exec'd but forked from this node, which has
+   imported it once (the warm path, `warm_module`): same argv, environment, cwd, streams, exit status,
+   kill and outside-write check; anything else is exec'd as given. Before step 1 the node writes the
+   bytecode the starts read (`write_bytecode`): they may not write it themselves.
 
 The host's own `/usr`, `/dev`, `/run` are never written: every change is a mount in this namespace.
 
@@ -92,6 +96,52 @@ def enter_namespaces() -> None:
         _, status = os.waitpid(pid, 0)
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     _die_with_parent()
+
+
+# Every worker start runs the bundled code (this node, an implementation, each fake CLI run) in
+# processes that must not write outside the jail (PYTHONDONTWRITEBYTECODE in the contract's
+# environment: a .pyc is an outside write), so without bytecode on disk each of them compiles every
+# module it imports again: most of a fake CLI start (benchmarks: `cli-startup`).
+BYTECODE_PACKAGES = ("gpujail", "gpujail.world", "gpujail.backends", "gpujail.fixtures", "gpujail.reference_impl")
+
+
+def _without_bytecode(dirs: list[str]) -> list[str]:
+    """The modules in `dirs` whose bytecode is missing or older than their source."""
+    tag, stale = sys.implementation.cache_tag, []
+    for d in dirs:
+        for entry in os.scandir(d):
+            if entry.name.endswith(".py") and entry.is_file():
+                try:
+                    pyc = os.stat(os.path.join(d, "__pycache__", f"{entry.name[:-3]}.{tag}.pyc"))
+                    if pyc.st_mtime >= entry.stat().st_mtime:
+                        continue
+                except FileNotFoundError:
+                    pass
+                stale.append(entry.path)
+    return stale
+
+
+def write_bytecode() -> None:
+    """Write the bytecode of the packages a start runs where it is missing or older than its source,
+    as `pip install` does at install time and a checkout's first import would without
+    PYTHONDONTWRITEBYTECODE. Done by the node before it enters its namespaces (a host process, like
+    the harness), under a lock so that 16 nodes starting at once compile once; a read-only install
+    is left as it is. One stat per file when all is written (the usual case)."""
+    import importlib.util
+    dirs = [os.path.dirname(importlib.util.find_spec(name).origin) for name in BYTECODE_PACKAGES]
+    if not _without_bytecode(dirs):
+        return
+    import fcntl
+    import py_compile
+    with open(importlib.util.find_spec("gpujail").origin, "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # on the package's __init__.py, read-only: no lock file to leave
+        for path in _without_bytecode(dirs):   # again: another node may have written them meanwhile
+            try:
+                py_compile.compile(path, doraise=True)
+            except py_compile.PyCompileError:
+                continue   # a broken module fails where it is imported, as before
+            except OSError:
+                return     # a read-only install: not each file again
 
 
 def enter_mount_ns(path: str) -> None:
@@ -242,14 +292,134 @@ def _end_strays(p: subprocess.Popen) -> None:
             os.waitpid(-1, 0)
 
 
+# -- the warm path: a bundled implementation forked from this node instead of exec'd ---------------
+
+# The modules `python -S -m MODULE` may run forked from this node rather than in a new interpreter:
+# the bundled implementations (reference, legacy, direct, mutants), whose code this repository owns.
+# Named, not imported: the node sits below them in the layers and only runs them as `-m` would.
+WARM_MODULES = ("gpujail.reference_impl",)
+_warmed: set[str] = set()
+WARM_ENV = "GPUJAIL_WARM_STARTS"   # "0" in the node's environment: exec every start (measurements)
+
+
+def warm_module(argv: list[str], env: dict, cwd: str) -> str | None:
+    """The module of a start this node may fork warm, or None (exec it). Only this interpreter
+    running a bundled module found in this node's own gpujail qualifies: then the forked child runs
+    exactly the code the exec'd interpreter would have. Anything else, a vendor's command above all,
+    is exec'd as given."""
+    if os.environ.get(WARM_ENV) == "0" or not hasattr(os, "pidfd_open"):
+        return None
+    if len(argv) < 4 or argv[0] != sys.executable or argv[1:3] != ["-S", "-m"] or argv[3] not in WARM_MODULES:
+        return None
+    if any(k.startswith("PYTHON") and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED") for k in env):
+        return None   # an interpreter setting: only a fresh interpreter honours it
+    # Where `python -S -m` would find gpujail: the first of cwd and $PYTHONPATH holding it (no site)
+    mine = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    for d in [cwd, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]:
+        if os.path.isdir(os.path.join(d, "gpujail")):
+            return argv[3] if os.path.realpath(d) == mine else None
+    return None
+
+
+class _Forked:
+    """What op_run uses of a Popen, for a start forked from this node: its pid, its output pipes,
+    `wait(timeout)` (a pidfd: woken by the exit itself, not by polling)."""
+
+    def __init__(self, pid: int, stdout, stderr):
+        self.pid, self.stdout, self.stderr, self.returncode = pid, stdout, stderr, None
+        self._pidfd = os.pidfd_open(pid)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            import select
+            if not select.select([self._pidfd], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+            os.close(self._pidfd)
+        return self.returncode
+
+
+def _warmed_up(module: str) -> bool:
+    """Import `module`'s __main__ and everything it imports into this node, once; False if that
+    fails (then the start is exec'd, and fails there as it would have)."""
+    import importlib
+    if module not in _warmed:
+        try:
+            importlib.import_module(module + ".__main__")
+        except Exception:
+            return False
+        sys.modules.pop(module + ".__main__")   # itself runs as __main__ in each child, as `-m` runs it
+        _warmed.add(module)
+    return True
+
+
+def _fork_start(module: str, argv: list[str], env: dict, cwd: str) -> _Forked:
+    """Fork a child that does what `python -S -m MODULE ARGS` started by Popen(start_new_session,
+    stdin=DEVNULL, stdout/stderr=PIPE, env, cwd) would: its own session, cwd, environment, argv,
+    standard streams, the module run as __main__, its exit status. What the module imports is
+    already imported here (`_warmed_up`, once per node), so each start pays neither an interpreter
+    start-up nor those imports. OSError (a bad cwd) as Popen raises it, before the child exists."""
+    import runpy
+    os.close(os.open(cwd, os.O_RDONLY | os.O_DIRECTORY))   # a bad cwd fails here, as Popen's chdir would
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setsid()
+            os.chdir(cwd)
+            null = os.open(os.devnull, os.O_RDONLY)
+            for fd, target in ((null, 0), (out_w, 1), (err_w, 2)):
+                os.dup2(fd, target)
+            for fd in (null, out_r, out_w, err_r, err_w):
+                os.close(fd)
+            os.environ.clear()
+            os.environ.update(env)
+            # An exec'd interpreter writes no bytecode under PYTHONDONTWRITEBYTECODE (a write outside the jail)
+            sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+            # Fresh streams, as a new interpreter has on pipes: stdout block-buffered, stderr by line.
+            sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
+            sys.argv = [argv[0], *argv[4:]]
+            try:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if e.code is not None and not isinstance(e.code, int):
+                    print(e.code, file=sys.stderr)
+            except BaseException:   # as the interpreter does: the traceback on stderr, exit 1
+                import traceback
+                traceback.print_exc()
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+        except BaseException:   # the child's own set-up failed: say why where the start's stderr goes
+            import traceback
+            traceback.print_exc()
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+        finally:
+            os._exit(code & 0xFF)
+    os.close(out_w)
+    os.close(err_w)
+    return _Forked(pid, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+
+
 def op_run(req: dict) -> dict:
     env, timeout = req["env"], req.get("timeout")
     start = time.monotonic()
     history.record("impl.start", argv=req["argv"])
     local = cow.snapshot(*NODE_LOCAL)
+    module = warm_module(req["argv"], env, req["cwd"])
+    module = module if module and _warmed_up(module) else None
     try:
-        p = subprocess.Popen(req["argv"], cwd=req["cwd"], env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        if module:
+            p = _fork_start(module, req["argv"], env, req["cwd"])
+        else:
+            p = subprocess.Popen(req["argv"], cwd=req["cwd"], env=env, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as e:
         history.record("impl.exit", code=127, error=str(e))
         return {"code": 127, "stdout": "", "stderr": f"{req['argv'][0]}: {e.strerror}\n", "duration": 0.0}
@@ -538,9 +708,11 @@ def main() -> None:
         if container:
             sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
         else:
+            write_bytecode()
             if cfg.get("mount_ns"):
                 enter_mount_ns(cfg["mount_ns"])
             enter_namespaces()
+        sys.dont_write_bytecode = True   # from here on a .pyc written would be a write outside the jail
         build_view(cfg)
     except OSError as e:
         out.write(json.dumps({"error": f"node setup failed: {e}"}) + "\n")
