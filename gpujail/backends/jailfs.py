@@ -177,6 +177,7 @@ class JailFS:
     _glusterd: subprocess.Popen | None = None
     _gluster_sock: str = ""
     _harness_mounted: bool = False
+    _run_short: Path | None = None   # glusterd's run directory (its sockets): a short path of its own
     _run_before: set[str] = field(default_factory=set)
     state: Path = Path()   # gluster: glusterd's working, run and log directories and the brick
 
@@ -330,13 +331,17 @@ class JailFS:
         # A directory of its own each time: a brick that held a volume cannot make another one.
         self.run_dir.mkdir(parents=True, exist_ok=True)
         g = self.state = Path(tempfile.mkdtemp(prefix="gluster-", dir=self.run_dir))
-        for d in ("work", "run", "log", "brick"):
+        for d in ("work", "log", "brick"):
             (g / d).mkdir(parents=True, exist_ok=True)
-        self._gluster_sock = str(g / "run/glusterd.sock")
+        # glusterd's sockets live in its run directory, and a unix socket's path must fit in 108
+        # bytes: a short directory of its own (g/run links to it), removed in _stop_gluster
+        self._run_short = Path(tempfile.mkdtemp(prefix="gpujail-glusterd-", dir="/tmp"))
+        (g / "run").symlink_to(self._run_short)
+        self._gluster_sock = str(self._run_short / "glusterd.sock")
         (g / "glusterd.vol").write_text(f"""volume management
     type mgmt/glusterd
     option working-directory {g}/work
-    option run-directory {g}/run
+    option run-directory {self._run_short}
     option logging-directory {g}/log
     option glusterd-sockfile {self._gluster_sock}
     option transport-type socket
@@ -346,7 +351,8 @@ class JailFS:
 end-volume
 """)
         self._run_before = set(os.listdir(GLUSTER_RUN)) if GLUSTER_RUN.is_dir() else set()
-        self._glusterd = subprocess.Popen(["glusterd", "-N", "-f", str(g / "glusterd.vol"), "-p", str(g / "run/glusterd.pid"),
+        self._glusterd = subprocess.Popen(["glusterd", "-N", "-f", str(g / "glusterd.vol"),
+                                           "-p", str(self._run_short / "glusterd.pid"),
                                            "-l", str(g / "log/glusterd.log"), "--log-level", "WARNING"],
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                           start_new_session=True)
@@ -393,6 +399,8 @@ end-volume
                 path = GLUSTER_RUN / name
                 with contextlib.suppress(OSError):
                     shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if self._run_short:
+            shutil.rmtree(self._run_short, ignore_errors=True)
 
     def _seed_through_harness_client(self) -> None:
         """Move the image in `jail` aside, mount the harness's client at `jail`, copy the image in."""
