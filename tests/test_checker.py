@@ -200,6 +200,22 @@ def test_a_network_jail_loss_names_the_remote_unlink_and_the_lookup_that_detache
             "found the file gone and detached it (K-2)") in verdict.explanation
 
 
+def test_a_node_the_harness_cut_off_its_network_jail_lost_nothing():
+    """A network fault the harness injects (its own GlusterFS client killed, a brick down) makes that
+    node's probes fail with ENOTCONN or EIO: the fault's doing, not a loss an implementation caused.
+    The same error with no such fault is still INV-1."""
+    cut = {"attached": False, "size": None, "error": "Transport endpoint is not connected"}
+    for faulted in (True, False):
+        h = History()
+        h.ready_worker(0.0, "A")
+        h.probe(0.06, "A")
+        if faulted:
+            h.add(0.2, "host", "jailfs.fault", fault="lose-client", worker="A", pids=[1234])
+        h.probe(0.3, "A", **{NVML: cut})
+        verdict = check(h.events, good_final(transient_only=False))
+        assert verdict.results["INV-1"].valid is (True if faulted else False), verdict.explanation
+
+
 def test_seed_bug_summary_reads_as_a_story():
     h = History()
     h.ready_worker(0.0, "A")

@@ -18,9 +18,11 @@ Both invariants judge one pass over the spans (`content`, memoised on the run); 
 from __future__ import annotations
 
 from .queries import (
+    OUTAGE_ERRORS,
     Run,
     cause_text,
     chain_of,
+    cut_off,
     is_bad,
     late_detachment,
     loader_says,
@@ -64,6 +66,8 @@ def check_content(run: Run) -> tuple[InvariantResult, InvariantResult]:
                 key = normalised(run.rel(path))
                 if key in lost or not is_bad(r):
                     continue
+                if r.get("error") in OUTAGE_ERRORS and cut_off(run, node, ready["t"], probe["t"]):
+                    continue   # the harness cut this node off the jail (a network fault), not a loss
                 lost.add(key)
                 removal = removal_before(run, path, node, probe["t"])
                 chain = chain_of(run, removal) if removal else []

@@ -239,6 +239,27 @@ def late_detachment(run: Run, removal: dict, probe: dict) -> dict | None:
     return good
 
 
+OUTAGE_ERRORS = ("Transport endpoint is not connected", "Input/output error")   # ENOTCONN, EIO
+
+
+def cut_off(run: Run, node: str, since: float, t: float) -> dict | None:
+    """The network fault (`jailfs.fault`, gpujail/backends/jailfs.py) that cut `node` off from the
+    jail at `t`, for a node alive since `since`: its own client killed by the harness (for the rest
+    of that node's life), or the brick down (until it cleared). A probe's ENOTCONN or EIO then is the
+    injected fault's, not a loss an implementation caused."""
+    for f in run.of("jailfs.fault"):
+        if not since <= f["t"] <= t:
+            continue
+        if f.get("worker"):
+            if f["worker"] == node:
+                return f
+            continue
+        clears = [c["t"] for c in run.of("jailfs.clear") if c["t"] >= f["t"] and c.get("fault") == f.get("fault")]
+        if t <= min(clears, default=float("inf")):
+            return f
+    return None
+
+
 def cause_text(run: Run, removal: dict) -> str:
     who = node_of(removal)
     if removal.get("kind") == "impl.populate_cleanup":
