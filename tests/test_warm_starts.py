@@ -132,7 +132,9 @@ def test_a_bundled_start_is_forked_a_vendor_command_execd_and_both_killed_at_the
 
 
 def test_only_this_interpreter_running_a_bundled_module_from_this_gpujail_is_forked(jail):
-    env = {"PYTHONPATH": os.pathsep.join(sys.path), "PYTHONDONTWRITEBYTECODE": "1"}
+    import gpujail  # the directory this gpujail was imported from first (a checkout, or site-packages)
+    here = os.path.dirname(os.path.dirname(os.path.realpath(gpujail.__file__)))
+    env = {"PYTHONPATH": os.pathsep.join([here, *sys.path]), "PYTHONDONTWRITEBYTECODE": "1"}
     bundled = [sys.executable, "-S", "-m", "gpujail.reference_impl", "reference"]
     assert node_agent.warm_module(bundled, env, str(jail)) == "gpujail.reference_impl"
     assert node_agent.warm_module(["sh", "-c", "true"], env, str(jail)) is None              # a vendor's command
@@ -147,6 +149,8 @@ def test_a_node_writes_the_bytecode_a_start_reads_once(tmp_path):
     before its namespaces; the next node finds it all written and writes nothing."""
     import gpujail
     for sub in ("gpujail", "fixtures", "reference_impl", "conformance"):
+        if not (gpujail.ROOT / sub).is_dir():   # installed: they are inside gpujail/
+            continue
         shutil.copytree(gpujail.ROOT / sub, tmp_path / sub, ignore=shutil.ignore_patterns("__pycache__"))
     code = "from gpujail.backends import node; node.write_bytecode()"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
