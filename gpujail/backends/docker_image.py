@@ -33,12 +33,13 @@ import tempfile
 from gpujail.fixtures.drivers import cache_dir
 
 REPOSITORY = "gpujail-worker"
-RECIPE = "1"   # bump when the assembly below changes meaning
+RECIPE = "2"   # bump when the assembly below changes meaning
 PYTHON = "/usr/bin/python3"   # the container's interpreter
 TOOLS = ("sh", "bash", "env", "cat", "stat", "mkdir", "rmdir", "rm", "touch", "chmod", "ln", "cp", "mv", "ls",
          "head", "tail", "tr", "cut", "sort", "uniq", "wc", "id", "sleep", "true", "false", "readlink", "realpath",
          "dirname", "basename", "mktemp", "printf", "echo", "test", "[", "tee", "date", "grep", "sed", "awk",
-         "xargs", "find", "flock", "mount", "umount", "ldconfig", "kill")
+         "xargs", "find", "flock", "mount", "umount", "ldconfig", "kill",
+         "unshare", "nsenter")   # the standalone CLI's tests run it from other namespaces (CLI-5)
 SEARCH = "/usr/sbin:/usr/bin:/sbin:/bin"
 STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages", "dist-packages"}
 ETC = {"etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n",
