@@ -413,10 +413,6 @@ def qualify(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     return rows, {"wall_s": walls, "exit_codes": {k: sorted(v) for k, v in codes.items()}}
 
 
-FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "windows": windows, "starts": starts, "paths": paths,
-           "docker": docker, "model": model, "suites": suites, "memory": memory, "qualify": qualify}
-
-
 # -- launchers: node agents started locally and through srun (issue 19) ----------------------------------
 
 def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
@@ -477,7 +473,6 @@ def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     return rows, raw
 
 
-FIGURES["launchers"] = launchers   # issue 19: node agents, locally and through srun
 
 
 # -- the jail on GlusterFS (issue 18) ---------------------------------------------------------------
@@ -527,7 +522,6 @@ def jail_fs(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     return rows, raw
 
 
-FIGURES["jail-fs"] = jail_fs   # issue 18: the jail on GlusterFS
 
 
 # -- where one start's time goes, and the fake CLI's own start-up (issue 19) -----------------------------
@@ -628,8 +622,9 @@ def start_parts(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
                   "starts_per_s": rates, "cpu_per_start_s": cpu, "load": os.getloadavg()}
 
 
-FIGURES["cli-startup"] = cli_startup   # issue 19: the fake CLI's start against bare interpreters
-FIGURES["start-parts"] = start_parts   # issue 19: where a start's time goes; warm fork against exec
+FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "windows": windows, "starts": starts, "paths": paths,
+           "docker": docker, "model": model, "suites": suites, "memory": memory, "qualify": qualify,
+           "launchers": launchers, "jail-fs": jail_fs, "cli-startup": cli_startup, "start-parts": start_parts}
 
 
 def table(rows: list[Row]) -> str:

@@ -254,7 +254,8 @@ def check_seconds(v: Value) -> float:
     return seconds
 
 
-CLI_VARIANTS = {"fake": "", "fake-own-cleanup": "own-cleanup"}   # --cli -> the fake CLI's GPUJAIL_CLI_VARIANT
+# --cli -> the fake CLI's GPUJAIL_CLI_VARIANT; 'real' is the host's own CLI, through the wrapper
+CLI_VARIANTS = {"fake": "", "fake-own-cleanup": "own-cleanup", "real": ""}
 
 
 def check_cli(v: Value) -> str:
@@ -262,9 +263,6 @@ def check_cli(v: Value) -> str:
     if v.text not in CLI_VARIANTS:
         raise BadInput(f"{v.label}: expected one of {', '.join(CLI_VARIANTS)}")
     return CLI_VARIANTS[v.text]
-
-
-CLI_VARIANTS["real"] = ""   # the host's own nvidia-container-cli (first on the host's PATH), through the wrapper
 
 
 class CliUnavailable(BadInput):
