@@ -571,7 +571,7 @@ def start_parts(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     a fresh node each, median of each part), and the node's warm path against exec'ing every start:
     16 reference workers at once on a warm jail, both ways in turns, starts/s and the CPU time all
     node processes used per start."""
-    from gpujail.backends import node as node_agent
+    from gpujail.backends import warm
     n = 5 if quick else 20
     jail = make_jail(tmp / "jail")
     parts: dict[str, list[float]] = {label: [] for *_, label in START_PARTS}
@@ -604,7 +604,7 @@ def start_parts(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     cpu: dict[str, list[float]] = {"warm": [], "exec": []}
     for rep in range(1 if quick else 3):
         for way in ("exec", "warm"):
-            os.environ[node_agent.WARM_ENV] = "1" if way == "warm" else "0"   # read by each node at its start
+            os.environ[warm.WARM_ENV] = "1" if way == "warm" else "0"   # read by each node at its start
             try:
                 with kernel.Fleet(make_jail(tmp / f"jail-{way}-{rep}"), {}) as fleet:
                     assert start_worker(fleet, "prewarm", "reference").ready
@@ -613,7 +613,7 @@ def start_parts(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
                 cpu[way].append((cpu_of_children() - c0) / 16)   # the nodes are reaped at the fleet's exit
                 rates[way].append(ready / wall)
             finally:
-                os.environ.pop(node_agent.WARM_ENV)
+                os.environ.pop(warm.WARM_ENV)
     rows.append(Row("starts/s, reference, warm jail, 16 workers, kernel backend, forked warm", f"{median(rates['warm']):.1f}/s",
                     f"exec'd {median(rates['exec']):.1f}/s", ratio(median(rates["warm"]), median(rates["exec"]))))
     rows.append(Row("CPU time per start (all node processes), 16 workers, forked warm", ms(median(cpu["warm"])),

@@ -178,7 +178,9 @@ def _wait_until_held(lock: Path, nemeses: list[threading.Thread], timeout: float
 
 
 def host_residue(*needles: str) -> tuple[list[str], list[str]]:
-    """Mounts in the host's namespace and live processes that still mention the run's paths."""
+    """Mounts in the host's namespace, and live processes that still mention the run's paths in
+    their command line or hold mounts of them in their mount namespace (a node forked by the node
+    factory carries the factory's command line: its namespace gives it away)."""
     with open("/proc/self/mountinfo") as f:
         mounts = [ln.split()[4] for ln in f if any(n in ln for n in needles)]
     procs = []
@@ -186,10 +188,16 @@ def host_residue(*needles: str) -> tuple[list[str], list[str]]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            if int(pid) == os.getpid():
+                continue
+            if any(n in cmd for n in needles):
+                procs.append(f"{pid}: {cmd[:120]}")
+            elif os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
+                with open(f"/proc/{pid}/mountinfo") as f:
+                    if any(n + "/" in ln for ln in f for n in needles):
+                        procs.append(f"{pid}: {cmd[:120]} (mounts of the run's paths in its namespace)")
         except OSError:
             continue
-        if int(pid) != os.getpid() and any(n in cmd for n in needles):
-            procs.append(f"{pid}: {cmd[:120]}")
     return mounts, procs
 
 

@@ -19,7 +19,7 @@ import pytest
 from gpujail.fixtures.jail import make_jail
 from gpujail.reference_impl.core import EXIT
 
-from gpujail.backends import node as node_agent
+from gpujail.backends import warm as warm_paths
 from gpujail.contract import command_for
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
 
 def start(fleet, monkeypatch, node_id: str, warm: bool):
     """A node whose bundled starts are forked warm (or exec'd): the agent reads it at its start."""
-    monkeypatch.setenv(node_agent.WARM_ENV, "1" if warm else "0")
+    monkeypatch.setenv(warm_paths.WARM_ENV, "1" if warm else "0")
     return fleet.start(node_id)
 
 
@@ -136,12 +136,12 @@ def test_only_this_interpreter_running_a_bundled_module_from_this_gpujail_is_for
     here = os.path.dirname(os.path.dirname(os.path.realpath(gpujail.__file__)))
     env = {"PYTHONPATH": os.pathsep.join([here, *sys.path]), "PYTHONDONTWRITEBYTECODE": "1"}
     bundled = [sys.executable, "-S", "-m", "gpujail.reference_impl", "reference"]
-    assert node_agent.warm_module(bundled, env, str(jail)) == "gpujail.reference_impl"
-    assert node_agent.warm_module(["sh", "-c", "true"], env, str(jail)) is None              # a vendor's command
-    assert node_agent.warm_module(["python3", *bundled[1:]], env, str(jail)) is None         # another interpreter
-    assert node_agent.warm_module([sys.executable, "-m", *bundled[2:]], env, str(jail)) is None   # with site
-    assert node_agent.warm_module(bundled, {**env, "PYTHONHASHSEED": "1"}, str(jail)) is None
-    assert node_agent.warm_module(bundled, {"PYTHONPATH": "/nonexistent"}, str(jail)) is None   # no gpujail there
+    assert warm_paths.warm_module(bundled, env, str(jail)) == "gpujail.reference_impl"
+    assert warm_paths.warm_module(["sh", "-c", "true"], env, str(jail)) is None              # a vendor's command
+    assert warm_paths.warm_module(["python3", *bundled[1:]], env, str(jail)) is None         # another interpreter
+    assert warm_paths.warm_module([sys.executable, "-m", *bundled[2:]], env, str(jail)) is None   # with site
+    assert warm_paths.warm_module(bundled, {**env, "PYTHONHASHSEED": "1"}, str(jail)) is None
+    assert warm_paths.warm_module(bundled, {"PYTHONPATH": "/nonexistent"}, str(jail)) is None   # no gpujail there
 
 
 def test_a_node_writes_the_bytecode_a_start_reads_once(tmp_path):

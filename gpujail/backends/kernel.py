@@ -19,17 +19,33 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujail import ROOT
+from gpujail.backends import warm
 from gpujail.fixtures import BIN, drivers, syscall_faults
 from gpujail.spec import start_timeout
 from gpujail.world import history
 
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpujail-node-spawner")
+_FACTORY: list[warm.Factory] = []
+_FACTORY_LOCK = threading.Lock()
+
+
+def _factory() -> warm.Factory:
+    """This process's node factory (warm.py, 1), started on first use and again if it died; from
+    the spawner thread, as the nodes were, so that it dies with this process."""
+    with _FACTORY_LOCK:
+        if not _FACTORY or not _FACTORY[0].alive:
+            def popen(argv, fds):
+                return _SPAWNER.submit(subprocess.Popen, argv, cwd=ROOT, pass_fds=fds, stdin=subprocess.DEVNULL,
+                                       env={**os.environ, "PYTHONPATH": _pythonpath()}, start_new_session=True).result()
+            _FACTORY[:] = [warm.Factory(popen)]
+        return _FACTORY[0]
 
 
 def precondition() -> str | None:
@@ -81,13 +97,17 @@ class Node:
         cfg = {"jail": str(self.jail), "driver_tree": tree, "devices": devices, "socket": socket_path,
                **self.options,
                "env": {k: v for k, v in self.env.items() if k.startswith("GPUJAIL_")}}
-        # Spawned from one long-lived thread: the node dies with its parent *thread* (PDEATHSIG),
-        # and a test may start nodes from short-lived threads. In its own session: a terminal's
-        # Ctrl-C goes to the harness, which stops its nodes (as an orchestrator, not the terminal,
-        # stops containers).
-        self.proc = _SPAWNER.submit(subprocess.Popen, [sys.executable, "-m", "gpujail.backends.node", json.dumps(cfg)],
-                                    cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                    env={**os.environ, "PYTHONPATH": _pythonpath()}, start_new_session=True).result()
+        env = {**os.environ, "PYTHONPATH": _pythonpath()}
+        if warm.enabled():
+            self.proc = _factory().spawn(cfg, env, str(ROOT))
+        else:
+            # Spawned from one long-lived thread: the node dies with its parent *thread* (PDEATHSIG),
+            # and a test may start nodes from short-lived threads. In its own session: a terminal's
+            # Ctrl-C goes to the harness, which stops its nodes (as an orchestrator, not the terminal,
+            # stops containers).
+            self.proc = _SPAWNER.submit(subprocess.Popen, [sys.executable, "-m", "gpujail.backends.node", json.dumps(cfg)],
+                                        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env=env, start_new_session=True).result()
         hello = self._read()
         if not hello.get("ready"):
             self.kill()
@@ -99,7 +119,7 @@ class Node:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            return {"error": f"node process exited with code {code}"}
+            return {"error": "node process exited" + (f" with code {code}" if code != -1 else "")}
         return json.loads(line)
 
     def call(self, op: str, **args) -> dict:

@@ -3,7 +3,8 @@
 How this works
 --------------
 `python -m gpujail.backends.node CONFIG_JSON` is started by the harness (`gpujail/kernel.py`) with pipes on
-stdin/stdout. It:
+stdin/stdout, or forked with them by the harness's node factory (`--factory`, warm.py), which has
+made the imports and bytecode (`prepare`) once for all its nodes. It:
 
 1. unshares a mount namespace and a PID namespace (plus a user namespace when not root, SPEC K-5),
    makes every mount private, and forks: the child is PID 1 of the new PID namespace, so when it
@@ -19,11 +20,11 @@ stdin/stdout. It:
 3. answers JSON-line requests: `run` an implementation (exit code, output up to a cap, duration,
    what it changed outside the jail; at its deadline or exit, every process it started is killed),
    `probe` files through the jail with the real loader (and sonames through the jail's linker
-   cache: `probe_lookup`), `mounts`, `exit`. A bundled implementation
-   (`python -S -m gpujail.reference_impl ...`) is not exec'd but forked from this node, which has
-   imported it once (the warm path, `warm_module`): same argv, environment, cwd, streams, exit status,
-   kill and outside-write check; anything else is exec'd as given. Before step 1 the node writes the
-   bytecode the starts read (`write_bytecode`): they may not write it themselves.
+   cache: `probe_lookup`), `mounts`, `exit`. The warm paths (warm.py) keep interpreters out of a
+   start: a bundled implementation (`python -S -m gpujail.reference_impl ...`) is forked from this
+   node, not exec'd, and each start gets a CLI server that forks the fake `nvidia-container-cli`
+   for its bash client; anything else, a vendor's command above all, is exec'd as given. Before
+   step 1 the node writes the bytecode the starts read (`write_bytecode`): they may not write it.
 
 The host's own `/usr`, `/dev`, `/run` are never written: every change is a mount in this namespace.
 
@@ -52,7 +53,7 @@ import sys
 import threading
 import time
 
-from gpujail.backends import cow
+from gpujail.backends import cow, warm
 from gpujail.world import history
 from gpujail.world.sysops import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, RealSys
 
@@ -249,6 +250,7 @@ def _node_dev(cfg: dict) -> None:
 
 NODE_LOCAL = ("/dev", "/run")   # the node's own tmpfs trees, compared before and after each start
 host_view: cow.HostView | None = None   # set by build_view; None in a container (the engine's layers)
+cli_server: warm.CliServer | None = None   # set by main when warm starts are on (warm.py, 3)
 OUTPUT_CAP = 256 * 1024   # bytes kept of each output stream (the tail): a chatty script cannot grow the harness
 
 
@@ -292,131 +294,19 @@ def _end_strays(p: subprocess.Popen) -> None:
             os.waitpid(-1, 0)
 
 
-# -- the warm path: a bundled implementation forked from this node instead of exec'd ---------------
-
-# The modules `python -S -m MODULE` may run forked from this node rather than in a new interpreter:
-# the bundled implementations (reference, legacy, direct, mutants), whose code this repository owns.
-# Named, not imported: the node sits below them in the layers and only runs them as `-m` would.
-WARM_MODULES = ("gpujail.reference_impl",)
-_warmed: set[str] = set()
-WARM_ENV = "GPUJAIL_WARM_STARTS"   # "0" in the node's environment: exec every start (measurements)
-
-
-def warm_module(argv: list[str], env: dict, cwd: str) -> str | None:
-    """The module of a start this node may fork warm, or None (exec it). Only this interpreter
-    running a bundled module found in this node's own gpujail qualifies: then the forked child runs
-    exactly the code the exec'd interpreter would have. Anything else, a vendor's command above all,
-    is exec'd as given."""
-    if os.environ.get(WARM_ENV) == "0" or not hasattr(os, "pidfd_open"):
-        return None
-    if len(argv) < 4 or argv[0] != sys.executable or argv[1:3] != ["-S", "-m"] or argv[3] not in WARM_MODULES:
-        return None
-    if any(k.startswith("PYTHON") and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED") for k in env):
-        return None   # an interpreter setting: only a fresh interpreter honours it
-    # Where `python -S -m` would find gpujail: the first of cwd and $PYTHONPATH holding it (no site)
-    mine = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-    for d in [cwd, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]:
-        if os.path.isdir(os.path.join(d, "gpujail")):
-            return argv[3] if os.path.realpath(d) == mine else None
-    return None
-
-
-class _Forked:
-    """What op_run uses of a Popen, for a start forked from this node: its pid, its output pipes,
-    `wait(timeout)` (a pidfd: woken by the exit itself, not by polling)."""
-
-    def __init__(self, pid: int, stdout, stderr):
-        self.pid, self.stdout, self.stderr, self.returncode = pid, stdout, stderr, None
-        self._pidfd = os.pidfd_open(pid)
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            import select
-            if not select.select([self._pidfd], [], [], timeout)[0]:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-            os.close(self._pidfd)
-        return self.returncode
-
-
-def _warmed_up(module: str) -> bool:
-    """Import `module`'s __main__ and everything it imports into this node, once; False if that
-    fails (then the start is exec'd, and fails there as it would have)."""
-    import importlib
-    if module not in _warmed:
-        try:
-            importlib.import_module(module + ".__main__")
-        except Exception:
-            return False
-        sys.modules.pop(module + ".__main__")   # itself runs as __main__ in each child, as `-m` runs it
-        _warmed.add(module)
-    return True
-
-
-def _fork_start(module: str, argv: list[str], env: dict, cwd: str) -> _Forked:
-    """Fork a child that does what `python -S -m MODULE ARGS` started by Popen(start_new_session,
-    stdin=DEVNULL, stdout/stderr=PIPE, env, cwd) would: its own session, cwd, environment, argv,
-    standard streams, the module run as __main__, its exit status. What the module imports is
-    already imported here (`_warmed_up`, once per node), so each start pays neither an interpreter
-    start-up nor those imports. OSError (a bad cwd) as Popen raises it, before the child exists."""
-    import runpy
-    os.close(os.open(cwd, os.O_RDONLY | os.O_DIRECTORY))   # a bad cwd fails here, as Popen's chdir would
-    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setsid()
-            os.chdir(cwd)
-            null = os.open(os.devnull, os.O_RDONLY)
-            for fd, target in ((null, 0), (out_w, 1), (err_w, 2)):
-                os.dup2(fd, target)
-            for fd in (null, out_r, out_w, err_r, err_w):
-                os.close(fd)
-            os.environ.clear()
-            os.environ.update(env)
-            # An exec'd interpreter writes no bytecode under PYTHONDONTWRITEBYTECODE (a write outside the jail)
-            sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
-            # Fresh streams, as a new interpreter has on pipes: stdout block-buffered, stderr by line.
-            sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
-            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
-            sys.argv = [argv[0], *argv[4:]]
-            try:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-                if e.code is not None and not isinstance(e.code, int):
-                    print(e.code, file=sys.stderr)
-            except BaseException:   # as the interpreter does: the traceback on stderr, exit 1
-                import traceback
-                traceback.print_exc()
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-        except BaseException:   # the child's own set-up failed: say why where the start's stderr goes
-            import traceback
-            traceback.print_exc()
-            with contextlib.suppress(Exception):
-                sys.stderr.flush()
-        finally:
-            os._exit(code & 0xFF)
-    os.close(out_w)
-    os.close(err_w)
-    return _Forked(pid, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
-
-
 def op_run(req: dict) -> dict:
     env, timeout = req["env"], req.get("timeout")
     start = time.monotonic()
     history.record("impl.start", argv=req["argv"])
     local = cow.snapshot(*NODE_LOCAL)
-    module = warm_module(req["argv"], env, req["cwd"])
-    module = module if module and _warmed_up(module) else None
+    if cli_server and os.getpid() == 1:   # the start's CLI server: ended with the start (_end_strays)
+        cli_server.fork()
+        env = {**env, warm.CLI_SERVER_ENV: cli_server.address}
+    module = warm.warm_module(req["argv"], env, req["cwd"])
+    module = module if module and warm.warmed_up(module) else None
     try:
         if module:
-            p = _fork_start(module, req["argv"], env, req["cwd"])
+            p = warm.fork_start(module, req["argv"], env, req["cwd"])
         else:
             p = subprocess.Popen(req["argv"], cwd=req["cwd"], env=env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -593,17 +483,47 @@ def serve(inp, out) -> None:
         out.flush()
 
 
+class _Watch:
+    """Wakes a waiter when a file is renamed into `directory` by a process of this machine
+    (inotify), else after the timeout: a change another machine makes on a shared file system
+    raises no event here, so a waiter still looks at least every `FileChannel.IDLE` seconds."""
+
+    IN_MOVED_TO, IN_NONBLOCK, IN_CLOEXEC = 0x80, 0o4000, 0o2000000
+
+    def __init__(self, directory: str):
+        self.fd = _libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC)
+        if self.fd >= 0 and _libc.inotify_add_watch(self.fd, directory.encode(), self.IN_MOVED_TO) < 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def wait(self, timeout: float) -> None:
+        if self.fd < 0:
+            time.sleep(timeout)
+            return
+        import select
+        if select.select([self.fd], [], [], timeout)[0]:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.fd, 65536):
+                    pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class FileChannel:
     """The file transport, beside the pipe and the unix socket: requests and replies as files in a
     directory of a run directory on a shared file system, the one thing every node of a real cluster
     shares (launchers: the coordinator on one machine, `gpujail node` agents on the others).
 
     The caller writes `in/SEQ.json`, the server answers `out/SEQ.json`; each file appears whole
-    (written beside, then renamed: a rename is atomic on local file systems and NFS alike). Both
-    sides poll, fast while requests come and backing off to `IDLE` when none do, since a shared
-    file system has no notification that crosses machines."""
+    (written beside, then renamed: a rename is atomic on local file systems and NFS alike). A
+    waiting side sleeps on inotify (`_Watch`), which wakes it at once for a file written on this
+    machine, and looks again every `IDLE` seconds for one written on another machine, since a
+    shared file system has no notification that crosses machines."""
 
-    IDLE = 0.02   # the longest sleep between two looks at the directory
+    IDLE = 0.02   # the longest wait between two looks at the directory
 
     def __init__(self, directory: str):
         self.dir = directory
@@ -628,23 +548,26 @@ class FileChannel:
     def wait(self, seq: int, alive=lambda: None, timeout: float | None = None) -> dict:
         """The reply to request `seq`. `alive()` returns why the server is gone (then this raises
         RuntimeError) or None."""
-        path, naps = os.path.join(self.dir, "out", f"{seq:08d}.json"), 0
+        path = os.path.join(self.dir, "out", f"{seq:08d}.json")
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                with open(path) as f:
-                    reply = json.load(f)
-                os.unlink(path)
-                return reply
-            except FileNotFoundError:
-                pass
-            gone = alive()
-            if gone:
-                raise RuntimeError(gone)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"no reply to request {seq} in {self.dir} within {timeout:g} s")
-            naps += 1
-            time.sleep(min(0.0002 * naps, self.IDLE))
+        watch = _Watch(os.path.dirname(path))   # before the first look: no rename falls between
+        try:
+            while True:
+                try:
+                    with open(path) as f:
+                        reply = json.load(f)
+                    os.unlink(path)
+                    return reply
+                except FileNotFoundError:
+                    pass
+                gone = alive()
+                if gone:
+                    raise RuntimeError(gone)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"no reply to request {seq} in {self.dir} within {timeout:g} s")
+                watch.wait(self.IDLE)
+        finally:
+            watch.close()
 
     def call(self, req: dict, alive=lambda: None, timeout: float | None = None) -> dict:
         return self.wait(self.send(req), alive, timeout)
@@ -652,16 +575,20 @@ class FileChannel:
     # -- the server's side
     def requests(self, stopped=lambda: False):
         """Yield (seq, request) in order as they arrive, until `stopped()`."""
-        inbox, naps = os.path.join(self.dir, "in"), 0
-        while not stopped():
-            names = sorted(n for n in os.listdir(inbox) if n.endswith(".json"))
-            for name in names:
-                with open(os.path.join(inbox, name)) as f:
-                    req = json.load(f)
-                os.unlink(os.path.join(inbox, name))
-                yield int(name[:-5]), req
-            naps = 0 if names else naps + 1
-            time.sleep(min(0.0002 * naps, self.IDLE))
+        inbox = os.path.join(self.dir, "in")
+        watch = _Watch(inbox)
+        try:
+            while not stopped():
+                names = sorted(n for n in os.listdir(inbox) if n.endswith(".json"))
+                for name in names:
+                    with open(os.path.join(inbox, name)) as f:
+                        req = json.load(f)
+                    os.unlink(os.path.join(inbox, name))
+                    yield int(name[:-5]), req
+                if not names:
+                    watch.wait(self.IDLE)
+        finally:
+            watch.close()
 
     def reply(self, seq: int, reply: dict) -> None:
         self._put(os.path.join(self.dir, "out", f"{seq:08d}.json"), reply)
@@ -687,7 +614,18 @@ def accept_harness(path: str, timeout: float = 120.0):
     return conn.makefile("r"), conn.makefile("w")
 
 
+def prepare() -> None:
+    """What every node of this process runs, imported and compiled once: by the node factory before
+    it forks its first node (warm.py, 1), else by each node."""
+    write_bytecode()
+    if warm.enabled():
+        for module in warm.WARM_MODULES:
+            warm.warmed_up(module)
+        from gpujail.fixtures import fake_cli  # noqa: F401  (the CLI server's children run it)
+
+
 def main() -> None:
+    global cli_server
     cfg = json.loads(sys.argv[1])
     command, command_env = sys.argv[2:], dict(os.environ)   # docker: the container's command and environment
     os.environ.update(cfg.get("env", {}))
@@ -708,12 +646,14 @@ def main() -> None:
         if container:
             sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
         else:
-            write_bytecode()
+            prepare()
             if cfg.get("mount_ns"):
                 enter_mount_ns(cfg["mount_ns"])
             enter_namespaces()
         sys.dont_write_bytecode = True   # from here on a .pyc written would be a write outside the jail
         build_view(cfg)
+        if warm.enabled():
+            cli_server = warm.CliServer()
     except OSError as e:
         out.write(json.dumps({"error": f"node setup failed: {e}"}) + "\n")
         out.flush()
@@ -731,8 +671,16 @@ def main() -> None:
     serve(inp, out)
 
 
-if __name__ == "__main__":
+def run_node() -> None:
     try:
         main()
     except BrokenPipeError:
         sys.exit(errno.EPIPE)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--factory"]:   # warm.Factory: this process forks the nodes
+        _die_with_parent()
+        warm.factory_main(int(sys.argv[2]), prepare, run_node)
+    else:
+        run_node()

@@ -40,6 +40,7 @@ from gpujail.backends.node import FileChannel
 from gpujail.world import history
 
 ORPHANED = 30.0   # seconds without a heartbeat after which an agent gives up its coordinator
+STOP_LOOK = 0.2   # seconds between two looks for DIR/stop and the heartbeat
 
 
 def index_from_env(given: int | None) -> int:
@@ -61,8 +62,13 @@ class Agent:
         self.counts = {"starts": 0, "kills": 0, "errors": 0}
         self.lock = threading.Lock()
         self.beat = (None, time.monotonic())
+        self.next_look = 0.0
 
     def stopped(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_look:   # asked at every look at the inbox: the run directory is read 5 times a second
+            return False
+        self.next_look = now + STOP_LOOK
         if (self.run_dir / "stop").exists() or not (self.run_dir / "run.json").exists():
             return True
         try:
