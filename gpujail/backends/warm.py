@@ -270,7 +270,7 @@ class CliServer:
             if taken[3] is None or _peer_of(taken[3]) != conn.getpeername():
                 raise Decline("the peer is not that process")
             me, it = self._me, _identity(proc)
-            differs = [k for k in me if k != "mnt" and me[k] != it[k]]
+            differs = [k for k in me if k not in TAKEN and me[k] != it[k]]
             if differs:
                 raise Decline(f"its {differs[0]} differs from the server's")
             with open(f"{proc}/cmdline", "rb") as f:
@@ -310,6 +310,9 @@ class CliServer:
                        lambda: sys.exit(cli.main(args, sysops=cli.CliSys(ppid=ppid))))
         _close(cwd, mnt, *taken)
         return [conn, pidfd, os.pidfd_open(fake), fake]
+
+
+TAKEN = ("umask", "mnt")   # what the fake's child takes from its client; the rest of _identity must be equal
 
 
 def _identity(proc: str) -> dict:
@@ -380,24 +383,35 @@ class NodeProcess:
 
     def __init__(self, pid: int, pidfd: int, stdin, stdout):
         self.pid, self._pidfd, self.stdin, self.stdout, self.returncode = pid, pidfd, stdin, stdout, None
+        self._lock = threading.Lock()   # a chaos thread may kill a node while the start waits on it
 
     def poll(self):
         return self.wait(0) if self.returncode is None else self.returncode
 
     def wait(self, timeout: float | None = None):
-        if self.returncode is None:
-            if not select.select([self._pidfd], [], [], timeout)[0]:
-                if timeout == 0:
-                    return None
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            self.returncode = -1
-            os.close(self._pidfd)
+        with self._lock:   # each waiter selects on a copy: another may close the pidfd meanwhile
+            if self.returncode is not None:
+                return self.returncode
+            fd = os.dup(self._pidfd)
+        try:
+            ready = select.select([fd], [], [], timeout)[0]
+        finally:
+            os.close(fd)
+        if not ready:
+            if timeout == 0:
+                return None
+            raise subprocess.TimeoutExpired(str(self.pid), timeout)
+        with self._lock:
+            if self.returncode is None:
+                self.returncode = -1
+                os.close(self._pidfd)
         return self.returncode
 
     def kill(self) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        with self._lock:
+            if self.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
 
 class Factory:

@@ -1,0 +1,137 @@
+"""The fake CLI forked for its client by the node's CLI server behaves as the fake in an interpreter of
+its own (issue 19; SPEC CLI-1..7, INV-6; gpujail/backends/warm.py, 3).
+
+A worker's `nvidia-container-cli` is a bash client; in a node it asks the start's CLI server to fork
+the fake for it. Each test runs the same command both ways in real kernel-backend nodes (`served`,
+and `standalone`: GPUJAIL_CLI_SERVER removed from the environment, so the client runs the fake
+itself) and asks for the same exit status, output, placeholders and mounts; and that a client the
+server cannot stand in for, or one killed under its fake, is handled as a CLI process would be.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+from gpujail.fixtures.jail import make_jail
+
+from gpujail.backends import kernel, warm
+from gpujail.world import history
+
+pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
+
+CONFIGURE = "nvidia-container-cli configure --compute --utility --device=all --ldconfig=/usr/bin/true"
+
+
+def run(node, script: str, served: bool, env: dict | None = None):
+    """`bash -c SCRIPT` in `node`, with the start's CLI server offered to its CLIs or not (the node
+    adds the server's address to each start's environment: the script hides it from its CLIs)."""
+    if not served:
+        script = f"unset {warm.CLI_SERVER_ENV}; {script}"
+    return node.run(["bash", "-c", script], env=node.contract_env(extra=env))
+
+
+def fresh_node(tmp_path: Path, name: str):
+    """A node of its own fleet on a jail of its own (so that each way starts from the same jail)."""
+    fleet = kernel.Fleet.recording(make_jail(tmp_path / f"jail-{name}"), tmp_path / f"run-{name}")
+    return fleet, fleet.start(name)
+
+
+def tree(jail: Path) -> dict[str, tuple]:
+    """Every path under the jail with its type, mode and size: what the CLI created there."""
+    out = {}
+    for p in sorted(jail.rglob("*")):
+        if p.is_relative_to(jail / "proc") or p.is_relative_to(jail / "dev") or p.is_relative_to(jail / "run"):
+            continue
+        st = p.lstat()
+        out[str(p.relative_to(jail))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_size if p.is_file() else 0)
+    return out
+
+
+SCRIPTS = {
+    "version": "nvidia-container-cli --version",
+    "bad usage": "nvidia-container-cli bogus; echo rc=$?",
+    "list": "nvidia-container-cli list",
+    "list, stdin closed": "nvidia-container-cli list <&-",
+    "info to stderr": "nvidia-container-cli info >&2",
+    "configure": f"{CONFIGURE} $GPUJAIL_JAIL; echo rc=$?",
+    "configure, umask 077, from /tmp": f"umask 077; cd /tmp; {CONFIGURE} $GPUJAIL_JAIL; echo rc=$?",
+    "configure failing at a mount (CLI-6 cleanup)":
+        f"GPUJAIL_FAILPOINTS='cli.after_mount=3*off->return(EIO)' {CONFIGURE} $GPUJAIL_JAIL; echo rc=$?",
+    "killed by its failpoint": f"GPUJAIL_FAILPOINTS='cli.before_list=kill' {CONFIGURE} $GPUJAIL_JAIL; echo rc=$?",
+    "through a wrapper (parent is the wrapper)": f"bash -c '{CONFIGURE} \"$GPUJAIL_JAIL\"; echo rc=$?'",
+}
+
+
+@pytest.mark.parametrize("script", SCRIPTS.values(), ids=SCRIPTS.keys())
+def test_a_cli_run_is_the_same_served_or_standalone(tmp_path, script):
+    results = {}
+    for served in (True, False):
+        fleet, node = fresh_node(tmp_path, f"served-{served}")
+        with fleet:
+            r = run(node, script, served)
+            jail = node.jail
+            mounts = sorted(m["mountpoint"][len(str(jail)):] for m in node.mounts() if m["mountpoint"] != str(jail))
+            cli = [e["kind"] for e in fleet.history() if e["kind"].startswith("cli.")]
+            # bash names a killed child by pid, and the server takes a pid of the node's: not compared
+            stderr = re.sub(r"^(bash: line \d+: +)\d+", r"\1PID", r.stderr.replace(str(jail), "JAIL"), flags=re.M)
+            results[served] = (r.code, r.stdout.replace(str(jail), "JAIL"), stderr, tree(jail), mounts, cli)
+    assert results[True] == results[False]
+
+
+def cli_pids(fleet, node_id: str) -> list[int]:
+    return [e["pid"] for e in history.select(fleet.history(), "cli.start", node=node_id)]
+
+
+def test_a_served_cli_runs_in_a_forked_fake_and_a_standalone_one_in_its_client(fleet):
+    """What the comparisons above rest on: served, the fake is another process than the client
+    (forked by the server); standalone, the client became the fake (exec)."""
+    node = fleet.start("w")
+    for served in (True, False):
+        r = run(node, f"{CONFIGURE} $GPUJAIL_JAIL & echo $!; wait $!", served)
+        assert r.code == 0, r.stderr
+        client = int(r.stdout.split()[0])
+        assert (cli_pids(fleet, "w")[-1] != client) == served
+
+
+def test_a_client_in_another_user_namespace_runs_the_fake_itself(fleet):
+    """The fake's namespaces are its client's (its setns, its mounts): a client in a user namespace
+    other than the server's is told to exec, and its fake runs in the client process."""
+    node = fleet.start("w")
+    r = run(node, f"unshare --user --map-root-user {CONFIGURE} $GPUJAIL_JAIL & echo $!; wait $!", True)
+    client = int(r.stdout.split()[0])
+    assert cli_pids(fleet, "w")[-1:] == [client], (r.stdout, r.stderr)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="changing uid needs root")
+def test_a_client_of_another_user_gets_that_users_rights(fleet):
+    """Served as the server's root, a `nobody` client's configure would mount; run as itself it
+    cannot (no setns, no mount): it fails and the jail gets no mount."""
+    node = fleet.start("w")
+    before = node.mounts()
+    r = run(node, f"setpriv --reuid 65534 --regid 65534 --clear-groups {CONFIGURE} $GPUJAIL_JAIL; echo rc=$?", True)
+    assert r.stdout.strip() not in ("", "rc=0"), (r.stdout, r.stderr)
+    assert node.mounts() == before
+
+
+def test_a_client_killed_under_its_fake_takes_the_fake_with_it(fleet):
+    """Killing the CLI process ends the CLI's work (INV-6): the fake forked for a client that was
+    SIGKILLed dies too, and prints nothing after (its output would keep the start's pipe open)."""
+    node = fleet.start("w")
+    r = run(node, "GPUJAIL_FAILPOINTS='cli.before_list=sleep(1000)' timeout -s KILL 0.3 nvidia-container-cli list; "
+                  "echo rc=$?; sleep 2", True)
+    assert r.stdout == "rc=137\n", r.stdout
+    assert "libnvidia-ml" not in r.stdout + r.stderr
+
+
+def test_a_cli_outside_any_node_runs_the_fake_itself(tmp_path):
+    """No server (a vendor's own test, a shell on the host): the same client runs the fake in an
+    interpreter of its own, and says what it is."""
+    import subprocess
+
+    from gpujail.fixtures import BIN
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", warm.CLI_SERVER_ENV: "127.0.0.1:1"}
+    r = subprocess.run(["nvidia-container-cli", "--version"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("cli-version: "), r
