@@ -33,9 +33,11 @@ absolute times drift on shared machines. `--quick` repeats less (a smoke run, al
                from `gpujail run --launcher X` to cold-race's verdict, clock uncertainty at rendezvous
   jail-fs      legacy on cold-race with the jail on GlusterFS against local: caught n/20, median time
                to the first violation; reference starts/s, 16 workers, GlusterFS against local
-  cli-startup  one fake CLI start against `true`, `python3 -c pass`, `python3 -S -c pass` (wall, CPU)
+  cli-startup  one fake CLI start in a node, served and standalone, against `true`, `python3 -c pass`,
+               `python3 -S -c pass` (wall, machine CPU)
   start-parts  where one warm reference start's time goes (node up, implementation start-up, each
-               CLI run, the node's own work); 16 workers forked warm against exec'd, starts/s and CPU
+               CLI run, the node's own work); 16 workers with the warm paths against without,
+               starts/s and machine CPU
 """
 from __future__ import annotations
 
@@ -44,7 +46,6 @@ import dataclasses
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -425,19 +426,21 @@ def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     names = ["local"] + (["slurm"] if not launching.unavailable("slurm") else [])
     classes = {"none": kernel.Fleet, **{n: launching.fleet_class(n, agents=16, nodes="1") for n in names}}
     rows, raw = [], {}
-    rate, up, uncertainty = {}, {}, {}
+    rate, up, uncertainty, cpu = {}, {}, {}, {}
     for name, cls in classes.items():
-        rates, ups, clocks = [], [], []
+        rates, ups, clocks, cpus = [], [], [], []
         for rep in range(1 if quick else 3):
             jail = make_jail(tmp / f"jail-{name}-{rep}")
             t0 = time.monotonic()
             with cls.recording(jail, tmp / f"run-{name}-{rep}") as fleet:
                 ups.append(time.monotonic() - t0)
                 assert start_worker(fleet, "prewarm", "reference").ready
+                c0 = machine_cpu()
                 ready, wall = start_many(fleet, "reference", 16, "w")
+                cpus.append((machine_cpu() - c0) / 16)
                 clocks += [a.clock["uncertainty"] for a in getattr(fleet, "agents", [])]
             rates.append(ready / wall)
-        rate[name], up[name], uncertainty[name] = median(rates), median(ups), clocks
+        rate[name], up[name], uncertainty[name], cpu[name] = median(rates), median(ups), clocks, median(cpus)
         raw[f"starts/{name}"] = {"starts_per_s": [round(r, 2) for r in rates], "fleet_up_s": [round(u, 3) for u in ups],
                                  "clock_uncertainty_s": clocks}
     for name in names:
@@ -445,6 +448,9 @@ def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         rows.append(Row(f"starts/s, reference, warm, 16 workers, {name} launcher", f"{rate[name]:.1f}/s",
                         f"{'kernel backend (no agents)' if base == 'none' else 'local launcher'} {rate[base]:.1f}/s",
                         ratio(rate[name], rate[base])))
+        rows.append(Row(f"machine CPU per start, 16 workers, {name} launcher", ms(cpu[name]),
+                        f"{'kernel backend' if base == 'none' else 'local launcher'} {ms(cpu[base])}",
+                        ratio(cpu[name], cpu[base])))
         rows.append(Row(f"16 agents up and met (rendezvous), {name} launcher", ms(up[name])))
         rows.append(Row(f"clock-offset uncertainty at rendezvous, {name} launcher, 16 agents",
                         f"max {ms(max(uncertainty[name]))}", f"median {ms(median(uncertainty[name]))}"))
@@ -526,35 +532,48 @@ def jail_fs(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 
 # -- where one start's time goes, and the fake CLI's own start-up (issue 19) -----------------------------
 
-def cpu_of_children() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def machine_cpu() -> float:
+    """CPU seconds the whole machine has been busy (/proc/stat: every process, the kernel's work
+    included). A warm node is forked by a long-lived factory and the fake CLI by a per-start server,
+    so no one parent's children's times hold a start's CPU; on an otherwise idle machine this does."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")   # all but idle and iowait
 
 
 def cli_startup(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
-    """One fake CLI start (`nvidia-container-cli --version`: start-up and exit, no driver needed)
-    against `true`, `python3 -c pass` and `python3 -S -c pass`, taken in turns so that the load of a
-    shared machine falls on all four alike: median wall time and CPU time (user + system) of each."""
-    from gpujail.fixtures import BIN
-    commands = {"fake CLI": [str(BIN / "nvidia-container-cli"), "--version"], "true": ["true"],
-                "python3 -c pass": ["python3", "-c", "pass"], "python3 -S -c pass": ["python3", "-S", "-c", "pass"]}
-    # The interpreter a worker's PATH finds first (kernel.Node.contract_env), as the CLI's `env python3` does
-    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
-    walls, cpus = {k: [] for k in commands}, {k: [] for k in commands}
-    for _ in range(10 if quick else 60):
-        for name, argv in commands.items():
-            c0, t0 = cpu_of_children(), time.monotonic()
-            subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-            walls[name].append(time.monotonic() - t0)
-            cpus[name].append(cpu_of_children() - c0)
+    """One fake CLI start (`nvidia-container-cli --version`: start-up and exit, no driver needed) as
+    a worker makes it in a kernel-backend node: served (the bash client, the fake forked for it by
+    the start's CLI server) and standalone (the client runs the fake in an interpreter of its own,
+    as it does outside a node and under strace), against `true`, `python3 -c pass` and `python3 -S
+    -c pass`. Each command runs `runs` times in one start of the node, in turns, so that the load of
+    a shared machine falls on all alike: wall time per run, and the machine's CPU time per run."""
+    from gpujail.backends import warm
+    runs = 10 if quick else 60
+    commands = {"served": "nvidia-container-cli --version", "standalone": f"(unset {warm.CLI_SERVER_ENV}; "
+                "exec nvidia-container-cli --version)", "true": "true", "python3 -c pass": "python3 -c pass",
+                "python3 -S -c pass": "python3 -S -c pass"}
+    walls: dict[str, list[float]] = {k: [] for k in commands}
+    cpus: dict[str, list[float]] = {k: [] for k in commands}
+    with kernel.Fleet(make_jail(tmp / "jail"), {}) as fleet:
+        node = fleet.start("cli")
+        for _ in range(1 if quick else 3):
+            for name, command in commands.items():
+                c0 = machine_cpu()
+                r = node.run(["bash", "-c", f"for i in $(seq {runs}); do {command} >/dev/null || exit 1; done"],
+                             env=node.contract_env())
+                if r.code != 0:
+                    raise RuntimeError(f"{name}: exit {r.code}: {r.stderr[-300:]}")
+                walls[name].append(r.duration / runs)
+                cpus[name].append((machine_cpu() - c0) / runs)
     wall, cpu = {k: median(v) for k, v in walls.items()}, {k: median(v) for k, v in cpus.items()}
-    others = ", ".join(f"{k} {ms(wall[k])}" for k in commands if k != "fake CLI")
-    rows = [Row("one fake CLI start (--version), wall", ms(wall["fake CLI"]), others,
-                ratio(wall["fake CLI"], wall["python3 -S -c pass"])),
-            Row("one fake CLI start (--version), CPU", ms(cpu["fake CLI"]),
-                ", ".join(f"{k} {ms(cpu[k])}" for k in commands if k != "fake CLI"),
-                ratio(cpu["fake CLI"], cpu["python3 -S -c pass"]))]
-    return rows, {"wall_s": wall, "cpu_s": cpu, "load": os.getloadavg()}
+    rows = []
+    for way in ("served", "standalone"):
+        for label, got in (("wall", wall), ("machine CPU", cpu)):
+            rows.append(Row(f"one fake CLI start (--version) in a node, {way}, {label}", ms(got[way]),
+                            ", ".join(f"{k} {ms(got[k])}" for k in commands if k not in ("served", "standalone")),
+                            ratio(got[way], got["python3 -c pass"])))
+    return rows, {"wall_s": wall, "cpu_s": cpu, "runs": runs, "load": os.getloadavg()}
 
 
 # Consecutive events of one start (gpujail/world/events.py) and what happens between them.
@@ -568,9 +587,9 @@ START_PARTS = [("impl.start", "impl.begin", "implementation start-up and imports
 
 def start_parts(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     """Where one warm-jail reference start's time goes, from its own history (one worker at a time,
-    a fresh node each, median of each part), and the node's warm path against exec'ing every start:
-    16 reference workers at once on a warm jail, both ways in turns, starts/s and the CPU time all
-    node processes used per start."""
+    a fresh node each, median of each part), and the warm paths (gpujail/backends/warm.py: nodes from
+    the factory, the implementation forked, the CLI served) against none of them: 16 reference
+    workers at once on a warm jail, both ways in turns, starts/s and the machine's CPU per start."""
     from gpujail.backends import warm
     n = 5 if quick else 20
     jail = make_jail(tmp / "jail")
@@ -604,20 +623,21 @@ def start_parts(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     cpu: dict[str, list[float]] = {"warm": [], "exec": []}
     for rep in range(1 if quick else 3):
         for way in ("exec", "warm"):
-            os.environ[warm.WARM_ENV] = "1" if way == "warm" else "0"   # read by each node at its start
+            os.environ[warm.WARM_ENV] = "1" if way == "warm" else "0"   # read by the harness and each node
             try:
                 with kernel.Fleet(make_jail(tmp / f"jail-{way}-{rep}"), {}) as fleet:
                     assert start_worker(fleet, "prewarm", "reference").ready
-                    c0 = cpu_of_children()
+                    c0 = machine_cpu()
                     ready, wall = start_many(fleet, "reference", 16, "w")
-                cpu[way].append((cpu_of_children() - c0) / 16)   # the nodes are reaped at the fleet's exit
+                cpu[way].append((machine_cpu() - c0) / 16)   # the nodes' ends included
                 rates[way].append(ready / wall)
             finally:
                 os.environ.pop(warm.WARM_ENV)
-    rows.append(Row("starts/s, reference, warm jail, 16 workers, kernel backend, forked warm", f"{median(rates['warm']):.1f}/s",
-                    f"exec'd {median(rates['exec']):.1f}/s", ratio(median(rates["warm"]), median(rates["exec"]))))
-    rows.append(Row("CPU time per start (all node processes), 16 workers, forked warm", ms(median(cpu["warm"])),
-                    f"exec'd {ms(median(cpu['exec']))}", ratio(median(cpu["warm"]), median(cpu["exec"]))))
+    rows.append(Row("starts/s, reference, warm jail, 16 workers, kernel backend, warm paths", f"{median(rates['warm']):.1f}/s",
+                    f"without (GPUJAIL_WARM_STARTS=0) {median(rates['exec']):.1f}/s",
+                    ratio(median(rates["warm"]), median(rates["exec"]))))
+    rows.append(Row("machine CPU per start, 16 workers, warm paths", ms(median(cpu["warm"])),
+                    f"without {ms(median(cpu['exec']))}", ratio(median(cpu["warm"]), median(cpu["exec"]))))
     return rows, {"parts_s": {k: median(v) for k, v in parts.items()}, "node_up_s": median(up), "run_s": median(run),
                   "starts_per_s": rates, "cpu_per_start_s": cpu, "load": os.getloadavg()}
 
