@@ -27,9 +27,10 @@ and judged through the run directory, as with every launcher.
 `Launcher` is these behind the coordinator's launcher interface (gpujail/launchers/__init__.py):
 `start` renders and applies, `gone` polls the pods (at most every POLL seconds: the coordinator asks
 in its wait loops) and raises a failed pod's `LaunchFailed`, whose outcome ('backend' or 'error')
-becomes the exit code (coordinator.outcome), `stop` waits for the agents to end on DIR/stop and then deletes the Job,
-whatever ended the run (the coordinator calls it on its way out, Ctrl-C and SIGTERM included), and
-`leftovers` names the Job or pods still there. Its lines go to DIR/kubernetes.log.
+becomes the exit code (coordinator.outcome), `stop` waits for the agents to end on DIR/stop and
+then deletes the Job, whatever ended the run (the coordinator calls it on its way out, Ctrl-C and
+SIGTERM included), and `leftovers` names the Job or pods still there. Its lines go to
+DIR/kubernetes.log.
 
 The API is read as plain JSON (`raw_object`, `_preload_content=False`): `pod_state` judges the
 API's own shape, and the tests feed it the API's JSON from a local HTTP server that the real client
