@@ -92,6 +92,8 @@ def check_launcher(args) -> None:
     from gpujail import launchers
     if not args.launcher:
         return
+    if args.launcher == "kubernetes":   # bad input before asking for a cluster
+        running.k8s_settings(args)
     try:
         options.check_launcher(options.flag("launcher", args.launcher))
         if args.nodes:
@@ -104,7 +106,7 @@ def check_launcher(args) -> None:
 
 
 def add_launcher_flags(p, env: dict, help_of: dict) -> None:
-    for name in ("launcher", "nodes", "partition", "account"):
+    for name in ("launcher", "nodes", "partition", "account", *running.k8s_names()):
         p.add_argument(f"--{name}", default=env[name], help=help_of[name])
 
 
@@ -113,8 +115,6 @@ def add_launcher_flags(p, env: dict, help_of: dict) -> None:
 def cmd_run(args, pytest_args: list[str]) -> int:
     if args.render:   # the manifests only: no suite runs, no cluster is asked
         return running.render(args)
-    if args.launcher == "kubernetes":   # bad input before asking for a cluster
-        running.k8s_settings(args)
     check_impl(args.impl)
     check_backend(args.backend)
     check_jail_fs(args.jail_fs, args.backend)
@@ -175,9 +175,6 @@ def parser() -> Parser:
     run.add_argument("-k", help="pytest keyword expression")
     run.add_argument("-v", "--verbose", action="store_true", help="show pytest's output instead of a progress line")
     add_launcher_flags(run, env, help_of)
-    from gpujail.launchers.kubernetes import SETTINGS as K8S
-    for name, *_ in K8S:
-        run.add_argument(f"--{name}", default=env[name], help=help_of[name])
     run.add_argument("--render", metavar="DIR", help="--launcher kubernetes: write the Job to DIR/job.json, apply nothing")
 
     rep = sub.add_parser("reproduce", help="run one chaos scenario and show its verdict, chain and timeline")

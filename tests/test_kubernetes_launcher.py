@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from gpujail.launchers import kubernetes as k8s
+from gpujail.spec import EXIT
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "kubernetes"
@@ -292,6 +293,12 @@ def fake_api(tmp_path, monkeypatch):
         api.server.server_close()
 
 
+FAILED_LINE = (f"pod {JOB}-1-m4v7d (agent index 1 on node gpu-node-b) failed: container agent exited 1 (Error): "
+               "gpujail node: cannot make the worker's mount namespace: unshare(CLONE_NEWNS): Operation not permitted")
+UNSCHEDULABLE_LINE = (f"pod {JOB}-1-m4v7d (agent index 1) cannot be scheduled: 0/3 nodes are available: 1 node(s) "
+                      "didn't match pod anti-affinity rules, ")
+
+
 SUCCEEDED = dict(create=[(201, "create-job.json")], list=[(200, "pods-empty.json"), (200, "pods-succeeded.json")],
                  watch=[(200, "watch-succeeded.jsonl")], delete=[(200, "delete-job.json")])
 
@@ -438,14 +445,17 @@ def test_launcher_starts_the_job_and_deletes_it_when_the_agents_ended(fake_api, 
     assert log[-1] == f"kubernetes: deleted Job {job} and its pods"
 
 
-def test_launcher_says_a_failed_pod_and_still_deletes_the_job(fake_api, run_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("pods, outcome, line", [("pods-failed.json", "error", FAILED_LINE),
+                                                  ("pods-unschedulable.json", "backend", UNSCHEDULABLE_LINE)])
+def test_launcher_says_a_failed_pod_and_still_deletes_the_job(fake_api, run_dir, tmp_path, monkeypatch, pods, outcome, line):
+    """`gone` raises the pod's one line with its outcome (the coordinator's callers make it the exit code)."""
     monkeypatch.setattr(k8s, "POLL", 0.0)
-    api = fake_api(create=[(201, "create-job.json")], list=[(200, "pods-failed.json")], delete=[(200, "delete-job.json")])
+    api = fake_api(create=[(201, "create-job.json")], list=[(200, pods)], delete=[(200, "delete-job.json")])
     la = launcher(tmp_path)
     la.start(run_dir, 2)
-    assert la.gone() == (f"pod {JOB}-1-m4v7d (agent index 1 on node gpu-node-b) failed: container agent exited 1 "
-                         "(Error): gpujail node: cannot make the worker's mount namespace: unshare(CLONE_NEWNS): "
-                         "Operation not permitted")
+    with pytest.raises(k8s.LaunchFailed) as e:
+        la.gone()
+    assert e.value.outcome == outcome and str(e.value).startswith(line)
     la.stop(timeout=5)
     assert api.calls()[-1] == "delete"
 
@@ -556,22 +566,72 @@ def test_run_without_a_cluster_is_exit_3(tmp_path):
     assert r.returncode == 3 and r.stderr.startswith("gpujail: --launcher kubernetes: no Kubernetes cluster configured"), r.stderr
 
 
-@pytest.mark.parametrize("pods, sig", [("pods-failed.json", None), ("pods-running.json", signal.SIGINT)])
-def test_reproduce_through_the_coordinator(fake_api, tmp_path, pods, sig):
-    """`gpujail reproduce cold-race --launcher kubernetes`, the coordinator and all, against the fake
-    API: agents that never come (no cluster runs them). A failed pod ends the run with its one line
-    (exit 5); Ctrl-C ends it with 130. The Job is deleted either way."""
-    api = fake_api(create=[(201, "create-job.json")], list=[(200, pods)], delete=[(200, "delete-job.json")])
-    env = {**os.environ, "TMPDIR": str(tmp_path), "GPUJAIL_K8S_MOUNT": str(tmp_path), "GPUJAIL_K8S_PVC": "gpujail-shared",
-           "GPUJAIL_K8S_IMAGE": "registry.example.com/gpujail:0.1", "GPUJAIL_K8S_NAMESPACE": "gpu"}
-    proc = subprocess.Popen([sys.executable, "-m", "gpujail", "reproduce", "cold-race", "--launcher", "kubernetes",
-                             "--workers", "2", "--out", str(tmp_path / "out")], cwd=REPO, env=env,
+def reproduce(tmp_path, *flags, env=None) -> subprocess.Popen:
+    """`gpujail reproduce cold-race --launcher kubernetes --workers 2 FLAGS`, its temporary directory
+    (the run directory) under tmp_path, which stands for the shared volume's mount; no GPUJAIL_K8S_*
+    variable but those of `env`."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUJAIL_K8S_")}
+    return subprocess.Popen([sys.executable, "-m", "gpujail", "reproduce", "cold-race", "--launcher", "kubernetes",
+                             "--workers", "2", "--out", str(tmp_path / "out"), *flags], cwd=REPO,
+                            env={**clean, "TMPDIR": str(tmp_path), **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("pods, sig, code, line", [
+    ("pods-failed.json", None, EXIT["error"], FAILED_LINE),
+    ("pods-unschedulable.json", None, EXIT["backend"], UNSCHEDULABLE_LINE),
+    ("pods-running.json", signal.SIGINT, 130, None)])
+def test_reproduce_through_the_coordinator(fake_api, tmp_path, pods, sig, code, line):
+    """`gpujail reproduce cold-race --launcher kubernetes`, the coordinator and all, against the fake
+    API, its settings from the GPUJAIL_K8S_* variables: agents that never come (no cluster runs
+    them). A pod that failed ends the run with its one line, once (exit 5, an agent failed); a pod
+    the cluster cannot schedule is the cluster's (exit 3, as without a cluster); Ctrl-C ends it
+    with 130. The Job is deleted either way."""
+    api = fake_api(create=[(201, "create-job.json")], list=[(200, pods)], delete=[(200, "delete-job.json")])
+    proc = reproduce(tmp_path, env={"GPUJAIL_K8S_MOUNT": str(tmp_path), "GPUJAIL_K8S_PVC": "gpujail-shared",
+                                    "GPUJAIL_K8S_IMAGE": "registry.example.com/gpujail:0.1", "GPUJAIL_K8S_NAMESPACE": "gpu"})
     out, err = signalled(proc, api, sig, lists=1)
     assert api.calls()[0] == "create" and api.calls()[-1] == "delete", out + err
-    if sig:
-        assert proc.returncode == 130, out + err
-    else:
-        assert proc.returncode == 5 and err.strip().endswith(
-            f"pod {JOB}-1-m4v7d (agent index 1 on node gpu-node-b) failed: container agent exited 1 (Error): gpujail node: "
-            "cannot make the worker's mount namespace: unshare(CLONE_NEWNS): Operation not permitted"), out + err
+    assert proc.returncode == code, out + err
+    if line:   # one line, one prefix: the pod and its index say which agent it was
+        assert err.startswith(f"gpujail: scenario cold-race: {line}") and len(err.splitlines()) == 1, err
+
+
+def test_reproduce_takes_the_k8s_flags(fake_api, tmp_path):
+    """The same --k8s-* flags as `gpujail run`, no variable set: they make the Job."""
+    api = fake_api(create=[(201, "create-job.json")], list=[(200, "pods-failed.json")], delete=[(200, "delete-job.json")])
+    proc = reproduce(tmp_path, "--k8s-mount", str(tmp_path), "--k8s-pvc", "gpujail-shared", "--k8s-namespace", "gpu",
+                     "--k8s-image", "registry.example.com/gpujail:0.1", "--k8s-runtime-class", "nvidia",
+                     "--k8s-node-selector", "nvidia.com/gpu.present=true")
+    out, err = signalled(proc, api, None, lists=1)
+    assert proc.returncode == EXIT["error"] and FAILED_LINE in err, out + err
+    job = api.requests[0][3]   # the namespace is in the path the fake answers: gpu
+    pod = job["spec"]["template"]["spec"]
+    assert (job["spec"]["completions"], pod["runtimeClassName"], pod["nodeSelector"]) == \
+        (2, "nvidia", {"nvidia.com/gpu.present": "true"})
+    assert (pod["volumes"][0]["persistentVolumeClaim"]["claimName"], pod["containers"][0]["image"]) == \
+        ("gpujail-shared", "registry.example.com/gpujail:0.1")
+    assert pod["containers"][0]["volumeMounts"][0]["mountPath"] == str(tmp_path)
+    assert api.calls()[-1] == "delete"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--k8s-image", "i"], "gpujail: --k8s-pvc: required with --launcher kubernetes"),
+    (["--k8s-image", "i", "--k8s-pvc", "p", "--k8s-gpus", "two"], "gpujail: --k8s-gpus 'two': expected a non-negative integer"),
+])
+def test_reproduce_bad_k8s_input_is_one_line_exit_2_before_asking_a_cluster(tmp_path, args, line):
+    r = gpujail("reproduce", "cold-race", "--launcher", "kubernetes", *args, "--out", str(tmp_path / "out"),
+                env={"KUBECONFIG": str(tmp_path / "none")})
+    assert r.returncode == EXIT["bad-input"] and r.stderr == line + "\n", r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_reproduce_with_its_run_outside_the_shared_volume_is_bad_input(fake_api, tmp_path):
+    """The run directory (under TMPDIR) must be under --k8s-mount: one line, exit 2, nothing created."""
+    api = fake_api(**SUCCEEDED)
+    proc = reproduce(tmp_path, "--k8s-mount", str(tmp_path / "shared"), "--k8s-pvc", "p", "--k8s-image", "i")
+    out, err = signalled(proc, api, None, lists=0)
+    assert proc.returncode == EXIT["bad-input"], out + err
+    assert err.startswith(f"gpujail: scenario cold-race: run directory {tmp_path}/gpujail-reproduce-") \
+        and f"not under --k8s-mount {tmp_path / 'shared'}" in err and len(err.splitlines()) == 1, err
+    assert api.calls() == []

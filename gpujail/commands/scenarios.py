@@ -4,7 +4,9 @@
 prints the checker's verdict and causal chain and keeps the history, the final state and the
 timeline picture in `--out` (default `reports/reproduce/<scenario>-<impl>-seed<N>/`). gpujail/cli.py
 has loaded the scenario and checked the implementation and the backend before. Exit codes: 0 valid,
-1 a violation, 4 inconclusive (an invariant undecided, or a declared fault window never opened).
+1 a violation, 4 inconclusive (an invariant undecided, or a declared fault window never opened); with
+--launcher, 3 when the cluster cannot run the agents (a pod that cannot be scheduled) and 5 when an
+agent failed.
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ def reproduce(args, sc) -> int:
         clocks = keep_clocks(args, tmp / "run", out)
     except KeyboardInterrupt:
         raise Stop("interrupted", "interrupted; the run's nodes were stopped") from None
-    except RuntimeError as e:   # the scenario could not be set up (warming, populate cleanup)
-        raise Stop("error", f"scenario {sc.name}: {e}") from None
+    except RuntimeError as e:   # the scenario could not be set up (warming, populate cleanup), or its launcher failed
+        from gpujail.launchers.coordinator import outcome
+        raise Stop(outcome(e), f"scenario {sc.name}: {e}") from None
     finally:
         progress.stop()
         done = f"done in {progress.elapsed()}: {line()}"
@@ -111,8 +114,10 @@ def launched(args, workers: int) -> dict:
     if not getattr(args, "launcher", ""):
         return {}
     from gpujail import launchers
+    from gpujail.commands.run import k8s_names
     return {"fleet_class": launchers.fleet_class(args.launcher, agents=workers, nodes=args.nodes,
-                                                 partition=args.partition, account=args.account)}
+                                                 partition=args.partition, account=args.account,
+                                                 **{name: getattr(args, name.replace("-", "_")) for name in k8s_names()})}
 
 
 def keep_clocks(args, run_dir: Path, out: Path) -> str:

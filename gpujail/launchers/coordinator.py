@@ -18,10 +18,16 @@ fleet (`with fleet_class.recording(jail, DIR, seed) as fleet`):
 3. `start(node_id)` gives each worker id an agent (round robin, a restart on the same agent: the
    same cluster node) and asks it for a fresh node; `call` forwards a node request (run, probe,
    mounts); `kill` asks the agent to SIGKILL the node's PID 1;
-4. leaving: `DIR/stop`, the launcher waits for the agents (then forces them), and each agent's
-   history (`DIR/nodes/I/history.jsonl`, its own clock) is shifted by its offset onto this machine's
-   clock and appended to the run's history, where the same checker reads it. `DIR/clocks.json`
-   keeps every agent's host, offset and uncertainty; `clock_summary()` says it in one line.
+4. while the run goes, every MERGE_EVERY seconds, what each agent added to its history
+   (`DIR/nodes/I/history.jsonl`, its own clock) is shifted by its offset onto this machine's clock
+   and appended to the run's history: the same checker reads it at the end, and meanwhile the
+   progress line of `gpujail run` and `gpujail reproduce` counts the faults in it as they act;
+5. leaving: `DIR/stop`, the launcher waits for the agents (then forces them), and the rest of their
+   histories is copied. `DIR/clocks.json` keeps every agent's host, offset and uncertainty;
+   `clock_summary()` says it in one line.
+
+A launcher's failure reaches the command's exit code: `outcome(exception)` (a pod the cluster cannot
+schedule is 'backend', exit 3; an agent that failed 'error', exit 5).
 
 A heartbeat file (`DIR/heartbeat`, a counter rewritten every second) lets an agent whose coordinator
 died end by itself (agent.py).
@@ -39,16 +45,29 @@ from pathlib import Path
 from gpujail import launchers
 from gpujail.backends import kernel
 from gpujail.backends.node import FileChannel
-from gpujail.spec import DEFAULT_WORKERS
+from gpujail.spec import DEFAULT_WORKERS, EXIT
 from gpujail.world import history
 
 ROUNDS = 8                 # clock requests per agent at the rendezvous
 HELLO_TIMEOUT = 120.0      # seconds for an agent to appear (a Slurm allocation, a pod pulling its image)
+MERGE_EVERY = 1.0          # seconds between two copies of the agents' histories into the run's
 
 
 def boot_id() -> str:
     with open("/proc/sys/kernel/random/boot_id") as f:
         return f.read().strip()
+
+
+def outcome(exc: BaseException) -> str:
+    """The key of gpujail.spec.EXIT that an exception from a run through a launcher stands for: the
+    `outcome` a launcher gave it (kubernetes.LaunchFailed: 'backend' when the cluster cannot run the
+    agents, 'bad-input' for a setting), found through the exceptions it was raised from (the chaos
+    runner's `worker W could not be started`), else 'error'."""
+    while exc is not None:
+        if getattr(exc, "outcome", None) in EXIT:
+            return exc.outcome
+        exc = exc.__cause__ or exc.__context__
+    return "error"
 
 
 def clock_line(clocks: list[dict]) -> str:
@@ -73,10 +92,30 @@ class Agent:
         self.channel = FileChannel(str(self.dir))
         self.hello: dict = {}
         self.clock: dict = {}
+        self.copied = 0   # bytes of its history already copied into the run's
+
+    def new_events(self) -> list[dict]:
+        """What the agent recorded since the last call (whole lines: it may be writing one), on this
+        machine's clock. Only once it has met the coordinator: before, its offset is not known."""
+        if not self.clock:
+            return []
+        try:
+            with open(self.dir / "history.jsonl", "rb") as f:
+                f.seek(self.copied)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        data = data[:data.rfind(b"\n") + 1]
+        self.copied += len(data)
+        events = [json.loads(line) for line in data.splitlines() if line.strip()]
+        for e in events:
+            e["t"] -= self.clock["offset"]
+        return events
 
     def gone(self) -> str | None:
-        why = self.fleet.launcher.gone()
-        return f"agent {self.index}: {why}" if why else None
+        # The launcher's line says which agent or pod ended (not always this one), or that all did:
+        # it is the message as it stands, with no prefix of ours.
+        return self.fleet.launcher.gone()
 
     def call(self, req: dict, timeout: float | None = None) -> dict:
         return self.channel.call(req, self.gone, timeout)
@@ -162,7 +201,7 @@ class Fleet(kernel.Fleet):
         self.agents: list[Agent] = []
         self._assigned: dict[str, int] = {}
         self._keys = 0
-        self._lock = threading.Lock()
+        self._lock, self._copying = threading.Lock(), threading.Lock()
         self._beating = threading.Event()
         options = dict(self.launcher_options)
         count = int(options.pop("agents", None) or os.environ.get("GPUJAIL_WORKERS") or DEFAULT_WORKERS)
@@ -174,6 +213,7 @@ class Fleet(kernel.Fleet):
             "env": self.env, "coordinator": {"host": os.uname().nodename, "boot_id": boot_id()}}, indent=1))
         self._beat()
         threading.Thread(target=self._heartbeat, daemon=True, name="gpujail-heartbeat").start()
+        threading.Thread(target=self._copy_histories, daemon=True, name="gpujail-histories").start()
         self.launcher = launchers.get(self.launcher_name, **options)
         try:
             self.launcher.start(self.run_dir, count)
@@ -212,15 +252,24 @@ class Fleet(kernel.Fleet):
 
     def history(self) -> list[dict]:
         """The run's history so far: this machine's events and the agents', on this machine's clock."""
-        return sorted(history.load(self.env.get(history.ENV, "")) + self._agent_events(), key=lambda e: e["t"])
+        self._merge()
+        return history.load(self.env.get(history.ENV, ""))
 
-    def _agent_events(self) -> list[dict]:
-        events = []
-        for a in self.agents:
-            for e in history.load(str(a.dir / "history.jsonl")):
-                e["t"] -= a.clock.get("offset", 0.0)
-                events.append(e)
-        return events
+    def _merge(self) -> None:
+        """Append what the agents recorded since the last merge to the run's history (module
+        docstring, step 4). An unrecorded fleet's agents record nothing."""
+        hist = self.env.get(history.ENV)
+        if not hist:
+            return
+        with self._copying:   # the copying thread, `history()` and the end: each line copied once
+            events = [e for a in self.agents for e in a.new_events()]
+            if events:
+                with open(hist, "a") as f:
+                    f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
+
+    def _copy_histories(self) -> None:
+        while not self._beating.wait(MERGE_EVERY):
+            self._merge()
 
     def clock_summary(self) -> str:
         return clock_line([a.clock for a in self.agents])
@@ -237,10 +286,7 @@ class Fleet(kernel.Fleet):
             self._beating.set()
             for n in self.nodes:
                 n.up = False
-            hist = self.env.get(history.ENV)
-            if hist and self.agents:
-                with open(hist, "a") as f:
-                    f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in self._agent_events())
+            self._merge()
             (self.run_dir / "clocks.json").write_text(json.dumps([a.clock for a in self.agents], indent=1))
             if self._scratch:
                 shutil.rmtree(self._scratch, ignore_errors=True)

@@ -26,9 +26,11 @@ and judged through the run directory, as with every launcher.
 
 `Launcher` is these behind the coordinator's launcher interface (gpujail/launchers/__init__.py):
 `start` renders and applies, `gone` polls the pods (at most every POLL seconds: the coordinator asks
-in its wait loops), `stop` waits for the agents to end on DIR/stop and then deletes the Job,
-whatever ended the run (the coordinator calls it on its way out, Ctrl-C and SIGTERM included), and
-`leftovers` names the Job or pods still there. Its lines go to DIR/kubernetes.log.
+in its wait loops) and raises a failed pod's `LaunchFailed`, whose outcome ('backend' or 'error')
+becomes the exit code (coordinator.outcome), `stop` waits for the agents to end on DIR/stop and
+then deletes the Job, whatever ended the run (the coordinator calls it on its way out, Ctrl-C and
+SIGTERM included), and `leftovers` names the Job or pods still there. Its lines go to
+DIR/kubernetes.log.
 
 The API is read as plain JSON (`raw_object`, `_preload_content=False`): `pod_state` judges the
 API's own shape, and the tests feed it the API's JSON from a local HTTP server that the real client
@@ -77,17 +79,21 @@ STUCK = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContaine
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
-class BadSetting(ValueError):
-    """One line: which setting, what was given, what is wrong (exit 2, bad input)."""
-
-
 class LaunchFailed(RuntimeError):
     """One line for the user; `outcome` is a key of gpujail.spec.EXIT: 'backend' when the cluster
-    cannot run the Job (no access, unschedulable, no image), 'error' when an agent failed."""
+    cannot run the Job (no access, unschedulable, no image), 'error' when an agent failed. It
+    reaches the exit code through the coordinator (`coordinator.outcome`)."""
 
     def __init__(self, outcome: str, message: str):
         super().__init__(message)
         self.outcome = outcome
+
+
+class BadSetting(LaunchFailed):
+    """One line: which setting, what was given, what is wrong (exit 2, bad input)."""
+
+    def __init__(self, message: str):
+        super().__init__("bad-input", message)
 
 
 @dataclass(frozen=True)
@@ -430,10 +436,9 @@ class Launcher(Base):
 
     def __init__(self, **options):
         super().__init__(**options)
-        # From the plugin's options (the --k8s-* flags, their variables, ini keys); a command that
-        # passes none of them on (`gpujail reproduce`) gets the GPUJAIL_K8S_* variables.
-        self.settings = Settings.parse({name: options[name] if options.get(name) is not None else os.environ.get(env, default)
-                                        for name, env, default, _ in SETTINGS})
+        # The --k8s-* flags (their GPUJAIL_K8S_* variables and ini keys read by gpujail/options.py),
+        # as `gpujail run`, `gpujail reproduce` and the plugin pass them on; defaults for the others.
+        self.settings = Settings.parse({name: options[name] for name, *_ in SETTINGS if options.get(name) is not None})
         self.job = ""
 
     def start(self, run_dir: Path, count: int) -> None:
@@ -452,13 +457,17 @@ class Launcher(Base):
             f.write(line + "\n")
 
     def gone(self) -> str | None:
+        """None while the pods run; raises the first failed pod's `LaunchFailed` (its outcome is
+        the exit code's: a pod the cluster cannot schedule is not an agent's failure)."""
         at, why = self.seen
         if time.monotonic() - at >= POLL:
             try:
                 why = "every pod of the Job has ended" if self.cluster.poll(self.job, self.count) else None
             except LaunchFailed as e:
-                why = str(e)
+                why = e
             self.seen = (time.monotonic(), why)
+        if isinstance(why, LaunchFailed):
+            raise why
         return why
 
     def stop(self, timeout: float = 10.0) -> None:

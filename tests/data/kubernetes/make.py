@@ -397,3 +397,19 @@ json.dump(
     open(out + "pods-failed.json", "w"),
     indent=2,
 )
+# the list a coordinator polls while index 1 cannot be scheduled (index 0 running)
+rv = 48212
+a = lifecycle(0)
+json.dump(
+    {
+        "kind": "PodList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "48219"},
+        "items": [
+            {k: v for k, v in o.items() if k not in ("kind", "apiVersion")}
+            for o in (json.loads(a[3])["object"], unsched)
+        ],
+    },
+    open(out + "pods-unschedulable.json", "w"),
+    indent=2,
+)
