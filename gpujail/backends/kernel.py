@@ -36,6 +36,13 @@ _FACTORY: list[warm.Factory] = []
 _FACTORY_LOCK = threading.Lock()
 
 
+def start_factory() -> None:
+    """Start this process's node factory now rather than at the first node (a node agent does, so
+    that its first start is as warm as any)."""
+    if warm.enabled():
+        _factory()
+
+
 def _factory() -> warm.Factory:
     """This process's node factory (warm.py, 1), started on first use and again if it died; from
     the spawner thread, as the nodes were, so that it dies with this process."""

@@ -496,15 +496,18 @@ class _Watch:
             os.close(self.fd)
             self.fd = -1
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
+        """True when an event woke it (a file written on this machine), False at the timeout."""
         if self.fd < 0:
             time.sleep(timeout)
-            return
+            return False
         import select
-        if select.select([self.fd], [], [], timeout)[0]:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(self.fd, 65536):
-                    pass
+        if not select.select([self.fd], [], [], timeout)[0]:
+            return False
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.fd, 65536):
+                pass
+        return True
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -520,16 +523,22 @@ class FileChannel:
     The caller writes `in/SEQ.json`, the server answers `out/SEQ.json`; each file appears whole
     (written beside, then renamed: a rename is atomic on local file systems and NFS alike). A
     waiting side sleeps on inotify (`_Watch`), which wakes it at once for a file written on this
-    machine, and looks again every `IDLE` seconds for one written on another machine, since a
-    shared file system has no notification that crosses machines."""
+    machine. A shared file system has no notification that crosses machines, so it also looks
+    every `IDLE` seconds, or every `LOCAL_IDLE` seconds while every file so far came with an
+    event (its peer is on this machine: the local launcher's agents do not spin)."""
 
-    IDLE = 0.02   # the longest wait between two looks at the directory
+    IDLE = 0.02         # the longest wait between two looks, for a peer on another machine
+    LOCAL_IDLE = 0.2    # the same while the peer has shown itself to be on this machine
 
     def __init__(self, directory: str):
         self.dir = directory
         for sub in ("in", "out"):
             os.makedirs(os.path.join(directory, sub), exist_ok=True)
         self._seq, self._lock = 0, threading.Lock()
+        self.remote = False   # a file was found that no event announced: poll at IDLE from then on
+
+    def _idle(self, watch: _Watch) -> float:
+        return self.IDLE if self.remote or watch.fd < 0 else self.LOCAL_IDLE
 
     @staticmethod
     def _put(path: str, data: dict) -> None:
@@ -551,12 +560,14 @@ class FileChannel:
         path = os.path.join(self.dir, "out", f"{seq:08d}.json")
         deadline = None if timeout is None else time.monotonic() + timeout
         watch = _Watch(os.path.dirname(path))   # before the first look: no rename falls between
+        woken = True
         try:
             while True:
                 try:
                     with open(path) as f:
                         reply = json.load(f)
                     os.unlink(path)
+                    self.remote |= not woken
                     return reply
                 except FileNotFoundError:
                     pass
@@ -565,7 +576,7 @@ class FileChannel:
                     raise RuntimeError(gone)
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"no reply to request {seq} in {self.dir} within {timeout:g} s")
-                watch.wait(self.IDLE)
+                woken = watch.wait(self._idle(watch))
         finally:
             watch.close()
 
@@ -577,16 +588,17 @@ class FileChannel:
         """Yield (seq, request) in order as they arrive, until `stopped()`."""
         inbox = os.path.join(self.dir, "in")
         watch = _Watch(inbox)
+        woken = True
         try:
             while not stopped():
                 names = sorted(n for n in os.listdir(inbox) if n.endswith(".json"))
+                self.remote |= bool(names) and not woken
                 for name in names:
                     with open(os.path.join(inbox, name)) as f:
                         req = json.load(f)
                     os.unlink(os.path.join(inbox, name))
                     yield int(name[:-5]), req
-                if not names:
-                    watch.wait(self.IDLE)
+                woken = True if names else watch.wait(self._idle(watch))
         finally:
             watch.close()
 

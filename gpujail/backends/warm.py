@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import select
@@ -209,6 +210,7 @@ class CliServer:
         self._me = _identity("/proc/self")
 
     def fork(self) -> int:
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             try:
@@ -425,6 +427,10 @@ class Factory:
                           (theirs.fileno(),))
         theirs.close()
         self.sock, self.lock = ours, threading.Lock()
+        if socket.recv_fds(ours, 64, 1)[0] != b"ready":   # after its imports: the first node waits no longer
+            self.proc.kill()
+            self.proc.wait()
+            raise OSError("the node factory exited before it was ready (its error is on the harness's stderr)")
 
     @property
     def alive(self) -> bool:
@@ -459,6 +465,8 @@ def factory_main(fd: int, prepare, run_node) -> None:
     as a Popen'd node's counted as the harness's); the harness waits on their pidfds."""
     sock = socket.socket(fileno=fd)
     prepare()
+    gc.freeze()   # what the nodes inherit stays out of every collection: no copy-on-write of it for the GC's sake
+    sock.send(b"ready")
 
     def reap(*_):
         with contextlib.suppress(ChildProcessError):

@@ -123,6 +123,7 @@ class Agent:
 
     def serve(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
+        kernel.start_factory()   # before the hello: the rendezvous waits for it, not the first start
         channel = FileChannel(str(self.dir))
         hello = {"index": self.index, "host": socket.gethostname(), "pid": os.getpid(),
                  "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
