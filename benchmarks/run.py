@@ -202,6 +202,29 @@ def start_many(fleet, impl: str, workers: int, prefix: str) -> tuple[int, float]
     return sum(w.ready for w in results.values()), time.monotonic() - t0
 
 
+def start_steadily(fleet, impl: str, workers: int, seconds: float) -> tuple[int, float]:
+    """`workers` workers each started again as soon as the last start ended (its node killed, as a
+    restarted container's old one goes), for `seconds`: (how many starts became ready, wall seconds).
+    The steady rate, without the ramp of a batch started at once."""
+    ready = [0] * workers
+    t0 = time.monotonic()
+
+    def worker(i: int) -> None:
+        k = 0
+        while time.monotonic() - t0 < seconds:
+            w = start_worker(fleet, f"s{i}-{k}", impl)
+            ready[i] += w.ready
+            if w.node is not None:
+                w.node.kill()
+            k += 1
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(ready), time.monotonic() - t0
+
+
 def starts(tmp: Path, quick: bool, fleet_class=kernel.Fleet, impls=("reference", "direct", "example-shell"),
            sizes=(1, 16, 128)) -> tuple[list[Row], dict]:
     """Starts per second: `n` workers started at once, each on its own node, median over repeats
@@ -426,9 +449,9 @@ def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     names = ["local"] + (["slurm"] if not launching.unavailable("slurm") else [])
     classes = {"none": kernel.Fleet, **{n: launching.fleet_class(n, agents=16, nodes="1") for n in names}}
     rows, raw = [], {}
-    rate, up, uncertainty, cpu = {}, {}, {}, {}
+    rate, up, uncertainty, cpu, steady = {}, {}, {}, {}, {}
     for name, cls in classes.items():
-        rates, ups, clocks, cpus = [], [], [], []
+        rates, ups, clocks, cpus, steadies = [], [], [], [], []
         for rep in range(1 if quick else 3):
             jail = make_jail(tmp / f"jail-{name}-{rep}")
             t0 = time.monotonic()
@@ -439,15 +462,22 @@ def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
                 ready, wall = start_many(fleet, "reference", 16, "w")
                 cpus.append((machine_cpu() - c0) / 16)
                 clocks += [a.clock["uncertainty"] for a in getattr(fleet, "agents", [])]
+                done, took = start_steadily(fleet, "reference", 16, 1.0 if quick else 5.0)
+                steadies.append(done / took)
             rates.append(ready / wall)
         rate[name], up[name], uncertainty[name], cpu[name] = median(rates), median(ups), clocks, median(cpus)
-        raw[f"starts/{name}"] = {"starts_per_s": [round(r, 2) for r in rates], "fleet_up_s": [round(u, 3) for u in ups],
+        steady[name] = median(steadies)
+        raw[f"starts/{name}"] = {"starts_per_s": [round(r, 2) for r in rates], "steady_starts_per_s": steadies,
+                                 "fleet_up_s": [round(u, 3) for u in ups],
                                  "clock_uncertainty_s": clocks}
     for name in names:
         base = "none" if name == "local" else "local"
         rows.append(Row(f"starts/s, reference, warm, 16 workers, {name} launcher", f"{rate[name]:.1f}/s",
                         f"{'kernel backend (no agents)' if base == 'none' else 'local launcher'} {rate[base]:.1f}/s",
                         ratio(rate[name], rate[base])))
+        rows.append(Row(f"starts/s, reference, warm, 16 workers each restarted at once for 5 s, {name} launcher",
+                        f"{steady[name]:.1f}/s", f"{'kernel backend' if base == 'none' else 'local launcher'} "
+                        f"{steady[base]:.1f}/s", ratio(steady[name], steady[base])))
         rows.append(Row(f"machine CPU per start, 16 workers, {name} launcher", ms(cpu[name]),
                         f"{'kernel backend' if base == 'none' else 'local launcher'} {ms(cpu[base])}",
                         ratio(cpu[name], cpu[base])))

@@ -8,7 +8,8 @@ cluster, the shared file system every node mounts):
 * the coordinator (`coordinator.py`): a `Fleet` with the kernel backend's interface, so the chaos
   runner, the contract and the suites drive it unchanged. It writes `DIR/run.json`, starts the agents
   through a launcher, meets each at a rendezvous (its clock offset), sends every node request
-  (start, run, probe, kill) as a file, and at the end merges the agents' histories into the run's;
+  (start, run, probe, kill) as a file, and copies the agents' histories into the run's as they
+  grow (once a second, and at the end);
 * the agents (`agent.py`, the command `gpujail node --run-dir DIR [--index I]`): one per node, each
   making worker namespaces exactly as the kernel backend does and answering the files;
 * a launcher (this interface): starts `count` agents with `agent_argv(DIR)` as their command, says
@@ -47,7 +48,9 @@ class Launcher:
         raise NotImplementedError
 
     def gone(self) -> str | None:
-        """Why the agents are no longer running (they died, the job was cancelled), or None."""
+        """Why the agents are no longer running (they died, the job was cancelled), or None. A
+        launcher may instead raise an exception with an `outcome` (a key of gpujail.spec.EXIT: the
+        Kubernetes launcher's LaunchFailed), which then decides the run's exit code."""
         return None
 
     def stop(self, timeout: float = 10.0) -> None:
