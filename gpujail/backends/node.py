@@ -626,9 +626,16 @@ def accept_harness(path: str, timeout: float = 120.0):
     return conn.makefile("r"), conn.makefile("w")
 
 
+_prepared = False
+
+
 def prepare() -> None:
     """What every node of this process runs, imported and compiled once: by the node factory before
     it forks its first node (warm.py, 1), else by each node."""
+    global _prepared
+    if _prepared:
+        return
+    _prepared = True
     write_bytecode()
     if warm.enabled():
         for module in warm.WARM_MODULES:

@@ -48,6 +48,7 @@ WARM_ENV = "GPUJAIL_WARM_STARTS"
 CLI_SERVER_ENV = "GPUJAIL_CLI_SERVER"
 _libc = ctypes.CDLL(None, use_errno=True)
 SYS_pidfd_getfd = 438
+PR_SET_NAME = 15
 
 
 def enabled(env=os.environ) -> bool:
@@ -69,6 +70,8 @@ def become(argv: list[str], env: dict, main) -> None:
         sys.stdout = _stream(1, "w")
         sys.stderr = _stream(2, "w", errors="backslashreplace", buffering=1)
         sys.argv = list(argv)
+        # the name ps, pgrep and /proc/PID/comm show, as exec gives it: the program's base name
+        _libc.prctl(PR_SET_NAME, os.path.basename(argv[0]).encode()[:15], 0, 0, 0)
         try:
             main()
             code = 0
@@ -174,6 +177,7 @@ def fork_start(module: str, argv: list[str], env: dict, cwd: str) -> Forked:
     import runpy
     os.close(os.open(cwd, os.O_RDONLY | os.O_DIRECTORY))   # a bad cwd fails here, as Popen's chdir would
     (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    gc.freeze()   # the node's objects stay out of the child's collections (no copy-on-write for them)
     pid = os.fork()
     if pid == 0:
         try:

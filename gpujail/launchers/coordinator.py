@@ -94,23 +94,25 @@ class Agent:
         self.clock: dict = {}
         self.copied = 0   # bytes of its history already copied into the run's
 
-    def new_events(self) -> list[dict]:
+    def new_lines(self) -> bytes:
         """What the agent recorded since the last call (whole lines: it may be writing one), on this
         machine's clock. Only once it has met the coordinator: before, its offset is not known."""
         if not self.clock:
-            return []
+            return b""
         try:
             with open(self.dir / "history.jsonl", "rb") as f:
                 f.seek(self.copied)
                 data = f.read()
         except FileNotFoundError:
-            return []
+            return b""
         data = data[:data.rfind(b"\n") + 1]
         self.copied += len(data)
+        if not self.clock["offset"]:   # this machine's clock (the local launcher's agents): as written
+            return data
         events = [json.loads(line) for line in data.splitlines() if line.strip()]
         for e in events:
             e["t"] -= self.clock["offset"]
-        return events
+        return b"".join((json.dumps(e, separators=(",", ":")) + "\n").encode() for e in events)
 
     def gone(self) -> str | None:
         # The launcher's line says which agent or pod ended (not always this one), or that all did:
@@ -262,10 +264,10 @@ class Fleet(kernel.Fleet):
         if not hist:
             return
         with self._copying:   # the copying thread, `history()` and the end: each line copied once
-            events = [e for a in self.agents for e in a.new_events()]
-            if events:
-                with open(hist, "a") as f:
-                    f.writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
+            lines = b"".join(a.new_lines() for a in self.agents)
+            if lines:
+                with open(hist, "ab") as f:
+                    f.write(lines)
 
     def _copy_histories(self) -> None:
         while not self._beating.wait(MERGE_EVERY):

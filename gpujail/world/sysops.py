@@ -60,6 +60,8 @@ Mount = collections.namedtuple("Mount", "mount_id mountpoint root fstype source 
 
 def _unescape(field: str) -> str:
     # mountinfo octal-escapes space, tab, newline and backslash (fs/proc_namespace.c mangle()).
+    if "\\" not in field:   # the usual field, returned at once: a node's table has hundreds
+        return field
     out, i = [], 0
     while i < len(field):
         esc = field[i + 1:i + 4]
