@@ -564,7 +564,7 @@ def jail_fs(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 
 def machine_cpu() -> float:
     """CPU seconds the whole machine has been busy (/proc/stat: every process, the kernel's work
-    included). A warm node is forked by a long-lived factory and the fake CLI by a per-start server,
+    included). A warm node is forked by a long-lived factory and the fake CLI by the node's PID 1,
     so no one parent's children's times hold a start's CPU; on an otherwise idle machine this does."""
     with open("/proc/stat") as f:
         ticks = [int(x) for x in f.readline().split()[1:]]
@@ -574,7 +574,7 @@ def machine_cpu() -> float:
 def cli_startup(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     """One fake CLI start (`nvidia-container-cli --version`: start-up and exit, no driver needed) as
     a worker makes it in a kernel-backend node: served (the bash client, the fake forked for it by
-    the start's CLI server) and standalone (the client runs the fake in an interpreter of its own,
+    the node's CLI server) and standalone (the client runs the fake in an interpreter of its own,
     as it does outside a node and under strace), against `true`, `python3 -c pass` and `python3 -S
     -c pass`. Each command runs `runs` times in one start of the node, in turns, so that the load of
     a shared machine falls on all alike: wall time per run, and the machine's CPU time per run."""

@@ -1,7 +1,7 @@
 """The fake CLI forked for its client by the node's CLI server behaves as the fake in an interpreter of
 its own (issue 19; SPEC CLI-1..7, INV-6; gpujail/backends/warm.py, 3).
 
-A worker's `nvidia-container-cli` is a bash client; in a node it asks the start's CLI server to fork
+A worker's `nvidia-container-cli` is a bash client; in a node it asks the node's CLI server to fork
 the fake for it. Each test runs the same command both ways in real kernel-backend nodes (`served`,
 and `standalone`: GPUJAIL_CLI_SERVER removed from the environment, so the client runs the fake
 itself) and asks for the same exit status, output, placeholders and mounts; and that a client the
@@ -26,7 +26,7 @@ CONFIGURE = "nvidia-container-cli configure --compute --utility --device=all --l
 
 
 def run(node, script: str, served: bool, env: dict | None = None):
-    """`bash -c SCRIPT` in `node`, with the start's CLI server offered to its CLIs or not (the node
+    """`bash -c SCRIPT` in `node`, with the node's CLI server offered to its CLIs or not (the node
     adds the server's address to each start's environment: the script hides it from its CLIs)."""
     if not served:
         script = f"unset {warm.CLI_SERVER_ENV}; {script}"

@@ -255,26 +255,69 @@ OUTPUT_CAP = 256 * 1024   # bytes kept of each output stream (the tail): a chatt
 
 
 class _Tail:
-    """Reads a pipe as the data comes (so a writer never blocks on a full pipe), keeping only the
-    last OUTPUT_CAP bytes and counting what it dropped."""
+    """One output pipe of a start, read as the data comes by op_run's loop (so a writer never blocks
+    on a full pipe), keeping only the last OUTPUT_CAP bytes and counting what it dropped."""
 
     def __init__(self, pipe):
-        self.pipe, self.data, self.dropped = pipe, bytearray(), 0
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
+        self.pipe, self.data, self.dropped, self.open = pipe, bytearray(), 0, True
+        os.set_blocking(pipe.fileno(), False)
 
-    def _read(self) -> None:
-        while chunk := os.read(self.pipe.fileno(), 65536):
-            self.data += chunk
-            if len(self.data) > OUTPUT_CAP:
-                self.dropped += len(self.data) - OUTPUT_CAP
-                del self.data[:len(self.data) - OUTPUT_CAP]
+    def fileno(self) -> int:
+        return self.pipe.fileno()
+
+    def read(self) -> None:
+        """What the pipe holds now (closed at end of file)."""
+        while self.open:
+            try:
+                chunk = os.read(self.pipe.fileno(), 65536)
+            except BlockingIOError:
+                return
+            self._keep(chunk)
+
+    def _keep(self, chunk: bytes) -> None:
+        if not chunk:
+            self.open = False
+            return
+        self.data += chunk
+        if len(self.data) > OUTPUT_CAP:
+            self.dropped += len(self.data) - OUTPUT_CAP
+            del self.data[:len(self.data) - OUTPUT_CAP]
 
     def text(self) -> str:
-        self.thread.join()
+        """The rest, to the end of file (every writer is dead by now: _end_strays), and the tail."""
+        os.set_blocking(self.pipe.fileno(), True)
+        while self.open:
+            self._keep(os.read(self.pipe.fileno(), 65536))
         self.pipe.close()
         head = f"[gpujail: {self.dropped} earlier bytes of this output dropped]\n" if self.dropped else ""
         return head + self.data.decode(errors="replace")
+
+
+def _wait(p, tails: list[_Tail], timeout: float | None, serving: warm.CliServer | None) -> int | str:
+    """Until the start `p` exits (its exit code) or reaches its deadline ("timeout"), reading its
+    output and serving its CLI runs meanwhile: all in this one thread, which forks the fakes."""
+    import select
+    pidfd = p.pidfd if isinstance(p, warm.Forked) else os.pidfd_open(p.pid)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if serving:
+        serving.begin([pidfd, *(t.fileno() for t in tails)])
+    try:
+        while True:
+            watched = [pidfd, *(t for t in tails if t.open), *(serving.fds() if serving else [])]
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = select.select(watched, [], [], left)[0]
+            if not ready and deadline is not None and time.monotonic() >= deadline:
+                return "timeout"
+            for r in ready:
+                if isinstance(r, _Tail):
+                    r.read()
+                elif r != pidfd:
+                    serving.handle(r)
+            if pidfd in ready:
+                return p.wait()
+    finally:
+        if not isinstance(p, warm.Forked):
+            os.close(pidfd)
 
 
 def _end_strays(p: subprocess.Popen) -> None:
@@ -299,9 +342,9 @@ def op_run(req: dict) -> dict:
     start = time.monotonic()
     history.record("impl.start", argv=req["argv"])
     local = cow.snapshot(*NODE_LOCAL)
-    if cli_server and os.getpid() == 1:   # the start's CLI server: ended with the start (_end_strays)
-        cli_server.fork()
-        env = {**env, warm.CLI_SERVER_ENV: cli_server.address}
+    serving = cli_server if cli_server and os.getpid() == 1 else None   # (warm.py, 3)
+    if serving:
+        env = {**env, warm.CLI_SERVER_ENV: serving.address}
     module = warm.warm_module(req["argv"], env, req["cwd"])
     module = module if module and warm.warmed_up(module) else None
     try:
@@ -314,11 +357,10 @@ def op_run(req: dict) -> dict:
         history.record("impl.exit", code=127, error=str(e))
         return {"code": 127, "stdout": "", "stderr": f"{req['argv'][0]}: {e.strerror}\n", "duration": 0.0}
     out, err = _Tail(p.stdout), _Tail(p.stderr)
-    try:
-        code = p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        code = "timeout"
+    code = _wait(p, [out, err], timeout, serving)
     _end_strays(p)
+    if serving:
+        serving.end()
     duration = time.monotonic() - start
     stdout, stderr = out.text(), err.text()
     if code == "timeout":

@@ -17,13 +17,14 @@ exit status (`become`: the one copy of "be that process"):
 2. **Bundled implementations.** `python -S -m gpujail.reference_impl ...` (reference, legacy,
    direct, the mutants) runs in a child forked from its node (`warm_module`, `fork_start`).
 3. **The fake CLI.** A worker's `nvidia-container-cli` (fixtures/bin) is a bash client. In a node
-   it connects to the start's `CliServer` (127.0.0.1, the port in GPUJAIL_CLI_SERVER), sends its
-   pid, its parent's pid and its argument count, and waits. The server checks that the peer is
-   that process (its fd 3 is the other end of the connection), takes its argv, environment, cwd,
-   umask and mount namespace from /proc and its stdin, stdout and stderr with pidfd_getfd(2), and
-   forks the fake for it with the client's parent as the CLI's parent (SPEC CLI-5). The client
-   exits with the fake's status or dies of its signal, and a client killed first takes its fake
-   with it. A client the server cannot stand in for exactly (another user or PID namespace, other
+   it connects to the node's `CliServer` (127.0.0.1, the port in GPUJAIL_CLI_SERVER), served by the
+   node's PID 1 in the loop where it waits for the start (node.py `op_run`), sends its pid, its
+   parent's pid and its argument count, and waits. The server checks that the peer is that process
+   (its fd 3 is the other end of the connection), takes its argv, environment, cwd, umask and
+   mount namespace from /proc and its stdin, stdout and stderr with pidfd_getfd(2), and forks the
+   fake for it with the client's parent as the CLI's parent (SPEC CLI-5). The client exits with
+   the fake's status or dies of its signal, and a client killed first takes its fake with it. A
+   client the server cannot stand in for exactly (another user or PID namespace, other
    credentials or root, no pidfd_getfd) is told to `exec`: it runs the fake in a new interpreter
    (fixtures/standalone/). So does a client outside a node, and every CLI run under strace
    (fixtures/wrap/), whose faults must land in the process strace started.
@@ -157,15 +158,15 @@ class Forked:
 
     def __init__(self, pid: int, stdout, stderr):
         self.pid, self.stdout, self.stderr, self.returncode = pid, stdout, stderr, None
-        self._pidfd = os.pidfd_open(pid)
+        self.pidfd = os.pidfd_open(pid)
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            if not select.select([self._pidfd], [], [], timeout)[0]:
+            if not select.select([self.pidfd], [], [], timeout)[0]:
                 raise subprocess.TimeoutExpired(str(self.pid), timeout)
             _, status = os.waitpid(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)
-            os.close(self._pidfd)
+            os.close(self.pidfd)
         return self.returncode
 
 
@@ -200,9 +201,10 @@ class Decline(Exception):
 
 
 class CliServer:
-    """The node's fake-CLI server. `fork()` makes one serving process per worker start, which the
-    node's end-of-start kill ends with everything else of the start; the listening socket is the
-    node's, made once."""
+    """The node's fake-CLI server, served by the node's PID 1 in the loop where it waits for a start
+    (node.py `op_run`): `begin(fds)` as a start begins (the loop's own descriptors, which no fake
+    may keep), `fds()` to watch, `handle(fd)` when one is ready, `end()` once the start's processes
+    are killed and reaped. The listening socket is the node's, made once."""
 
     def __init__(self):
         from gpujail.fixtures import fake_cli  # imported once here, in every CLI child already
@@ -212,48 +214,49 @@ class CliServer:
         self.sock.listen(256)
         self.address = "%s:%d" % self.sock.getsockname()
         self._me = _identity("/proc/self")
+        self.runs: dict[int, list] = {}   # client pidfd and fake pidfd -> [conn, client pidfd, fake pidfd, fake pid]
+        self.loop_fds: tuple = ()
 
-    def fork(self) -> int:
-        gc.freeze()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                null = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1):   # the node's pipes to the harness are not the server's to hold
-                    os.dup2(null, fd)
-                os.close(null)
-                self.serve()
-            finally:
-                os._exit(0)
-        return pid
+    def begin(self, loop_fds) -> None:
+        self.loop_fds = tuple(loop_fds)
 
-    def serve(self) -> None:
-        runs: dict[int, list] = {}   # client pidfd and fake pidfd -> [conn, client pidfd, fake pidfd, fake pid]
-        while True:
-            for fd in select.select([self.sock, *runs], [], [])[0]:
-                if fd is self.sock:
-                    conn, _ = self.sock.accept()
-                    run = self._start(conn)
-                    if run:
-                        runs[run[1]] = runs[run[2]] = run
-                    continue
-                run = runs.get(fd)
-                if run is None:
-                    continue
-                conn, client, fake, pid = run
-                if fd == client:   # the client is gone before its fake: the fake goes too
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                    del runs[client]
-                    continue
-                _, status = os.waitpid(pid, 0)
-                reply = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
-                with contextlib.suppress(OSError):
-                    conn.sendall(reply.encode() + b"\n")
-                conn.close()
-                runs.pop(client, None)
-                del runs[fake]
-                _close(client, fake)
+    def fds(self) -> list:
+        return [self.sock, *self.runs]
+
+    def handle(self, fd) -> None:
+        if fd is self.sock:
+            conn, _ = self.sock.accept()
+            run = self._start(conn)
+            if run:
+                self.runs[run[1]] = self.runs[run[2]] = run
+            return
+        run = self.runs.get(fd)
+        if run is None:
+            return
+        conn, client, fake, pid = run
+        if fd == client:   # the client is gone before its fake: the fake goes too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            del self.runs[client]
+            return
+        _, status = os.waitpid(pid, 0)
+        reply = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
+        with contextlib.suppress(OSError):
+            conn.sendall(reply.encode() + b"\n")
+        self._forget(run)
+
+    def end(self) -> None:
+        """After the start: what is left of its runs (their processes are dead and reaped)."""
+        for run in list(self.runs.values()):
+            self._forget(run)
+        self.loop_fds = ()
+
+    def _forget(self, run: list) -> None:
+        conn, client, fake, _ = run
+        conn.close()
+        for fd in (client, fake):
+            if self.runs.pop(fd, None) is not None:
+                _close(fd)
 
     def _start(self, conn: socket.socket) -> list | None:
         """Read a client's request and fork its fake; None when it was declined (told `exec`)."""
@@ -299,6 +302,9 @@ class CliServer:
             try:
                 self.sock.close()
                 conn.close()
+                _close(*self.loop_fds, *self.runs)   # the node's loop: not the fake's to hold
+                for other in {id(r[0]): r[0] for r in self.runs.values()}.values():
+                    other.close()
                 if mnt is not None:
                     _setns(mnt)
                 os.fchdir(cwd)
