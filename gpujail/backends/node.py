@@ -546,10 +546,15 @@ class _Watch:
         import select
         if not select.select([self.fd], [], [], timeout)[0]:
             return False
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self.fd, 65536):
-                pass
+        self.drain()
         return True
+
+    def drain(self) -> None:
+        """Forget the events so far (a reused watch: they were another waiter's)."""
+        if self.fd >= 0:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.fd, 65536):
+                    pass
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -578,6 +583,9 @@ class FileChannel:
             os.makedirs(os.path.join(directory, sub), exist_ok=True)
         self._seq, self._lock = 0, threading.Lock()
         self.remote = False   # a file was found that no event announced: poll at IDLE from then on
+        # Watches on out/ for waiters, kept for the next: closing an inotify instance waits for an
+        # RCU grace period (milliseconds), which one a call made every call that slow.
+        self._spare: list[_Watch] = []
 
     def _idle(self, watch: _Watch) -> float:
         return self.IDLE if self.remote or watch.fd < 0 else self.LOCAL_IDLE
@@ -601,7 +609,9 @@ class FileChannel:
         RuntimeError) or None."""
         path = os.path.join(self.dir, "out", f"{seq:08d}.json")
         deadline = None if timeout is None else time.monotonic() + timeout
-        watch = _Watch(os.path.dirname(path))   # before the first look: no rename falls between
+        with self._lock:
+            watch = self._spare.pop() if self._spare else _Watch(os.path.dirname(path))
+        watch.drain()   # before the first look: no rename falls between
         woken = True
         try:
             while True:
@@ -620,7 +630,8 @@ class FileChannel:
                     raise TimeoutError(f"no reply to request {seq} in {self.dir} within {timeout:g} s")
                 woken = watch.wait(self._idle(watch))
         finally:
-            watch.close()
+            with self._lock:
+                self._spare.append(watch)
 
     def call(self, req: dict, alive=lambda: None, timeout: float | None = None) -> dict:
         return self.wait(self.send(req), alive, timeout)
