@@ -696,6 +696,22 @@ def prepare() -> None:
         from gpujail.fixtures import fake_cli  # noqa: F401  (the CLI server's children run it)
 
 
+_entered: bool | OSError | None = None   # set by `enter` in the factory's child: done, or why not
+HOST_UID = os.getuid()   # the uid that started the node, before a user namespace made it 0
+
+
+def enter(cfg: dict) -> None:
+    """Into the node's namespaces (step 1): returns in PID 1."""
+    global _entered
+    try:
+        if cfg.get("mount_ns"):
+            enter_mount_ns(cfg["mount_ns"])
+        enter_namespaces()
+        _entered = True
+    except OSError as e:   # said by main, on the node's stdout, as before
+        _entered = e
+
+
 def main() -> None:
     global cli_server
     cfg = json.loads(sys.argv[1])
@@ -710,18 +726,19 @@ def main() -> None:
     # A worker's usual umask whatever the harness's: the CLI creates placeholders with
     # `mode & ~umask` and skips them by exact mode (CLI-4), so warm starts must not depend on it.
     os.umask(0o022)
-    cfg["privileged"] = os.getuid() == 0
+    cfg["privileged"] = HOST_UID == 0
     # A container's writes land in its own writable layer, never on the host: no overlays of ours
     # (they would also hide the files the engine bound in at their host paths).
     cfg.setdefault("cow", not container)
     try:
         if container:
             sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
+        elif _entered is not None:   # by the factory, before this process became the node (enter)
+            if isinstance(_entered, OSError):
+                raise _entered
         else:
             prepare()
-            if cfg.get("mount_ns"):
-                enter_mount_ns(cfg["mount_ns"])
-            enter_namespaces()
+            enter(cfg)
         sys.dont_write_bytecode = True   # from here on a .pyc written would be a write outside the jail
         build_view(cfg)
         if warm.enabled():
@@ -753,6 +770,6 @@ def run_node() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--factory"]:   # warm.Factory: this process forks the nodes
         _die_with_parent()
-        warm.factory_main(int(sys.argv[2]), prepare, run_node)
+        warm.factory_main(int(sys.argv[2]), prepare, lambda cfg: enter(cfg) if not cfg.get("listen") else None, run_node)
     else:
         run_node()

@@ -468,11 +468,14 @@ class Factory:
         self.proc.wait()
 
 
-def factory_main(fd: int, prepare, run_node) -> None:
+def factory_main(fd: int, prepare, enter, run_node) -> None:
     """The factory process: `prepare()` once (imports, bytecode), then a node per request, forked,
     running `run_node()` as `python -m gpujail.backends.node CFG` would, until the harness closes
-    the socket. It reaps the nodes as they end (their CPU time counts as this process's children's,
-    as a Popen'd node's counted as the harness's); the harness waits on their pidfds."""
+    the socket. `enter(cfg)` runs first in the child: it enters the node's namespaces, where the
+    node's outer process stays behind and only its PID 1 goes on (so that the outer one, which
+    only waits, touches as little of the inherited memory as it can). It reaps the nodes as they end
+    (their CPU time counts as this process's children's, as a Popen'd node's counted as the
+    harness's); the harness waits on their pidfds."""
     sock = socket.socket(fileno=fd)
     prepare()
     gc.freeze()   # what the nodes inherit stays out of every collection: no copy-on-write of it for the GC's sake
@@ -504,6 +507,7 @@ def factory_main(fd: int, prepare, run_node) -> None:
                 os.dup2(fds[1], 1)
                 _close(*fds)
                 os.chdir(req["cwd"])
+                enter(req["cfg"])
             finally:
                 become([sys.argv[0], json.dumps(req["cfg"])], req["env"], run_node)
         _close(*fds)
