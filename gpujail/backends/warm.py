@@ -238,6 +238,7 @@ class CliServer:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             del self.runs[client]
+            _close(client)
             return
         _, status = os.waitpid(pid, 0)
         reply = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
