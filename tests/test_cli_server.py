@@ -126,6 +126,21 @@ def test_a_client_killed_under_its_fake_takes_the_fake_with_it(fleet):
     assert "libnvidia-ml" not in r.stdout + r.stderr
 
 
+def test_the_node_keeps_nothing_open_from_its_cli_runs(fleet):
+    """The node's PID 1 serves every CLI run of every start: what it opened for one (connection,
+    pidfds, the client's streams) is closed when the run or the start ends, however it ended."""
+    node = fleet.start("w")
+    script = ("nvidia-container-cli --version >/dev/null; "
+              "GPUJAIL_FAILPOINTS='cli.before_list=sleep(1000)' timeout -s KILL 0.2 nvidia-container-cli list; "
+              "GPUJAIL_FAILPOINTS='cli.before_list=kill' nvidia-container-cli list; "
+              "nvidia-container-cli list >/dev/null & exit 0")   # the start ends under this last one
+    assert run(node, script, True).code == 0
+    before = sorted(os.listdir(f"/proc/{node.pid1}/fd"))
+    for _ in range(3):
+        assert run(node, script, True).code == 0
+    assert sorted(os.listdir(f"/proc/{node.pid1}/fd")) == before
+
+
 def test_a_cli_outside_any_node_runs_the_fake_itself(tmp_path):
     """No server (a vendor's own test, a shell on the host): the same client runs the fake in an
     interpreter of its own, and says what it is."""
