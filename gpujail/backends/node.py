@@ -22,9 +22,10 @@ made the imports and bytecode (`prepare`) once for all its nodes. It:
    `probe` files through the jail with the real loader (and sonames through the jail's linker
    cache: `probe_lookup`), `mounts`, `exit`. The warm paths (warm.py) keep interpreters out of a
    start: a bundled implementation (`python -S -m gpujail.reference_impl ...`) is forked from this
-   node, not exec'd, and each start gets a CLI server that forks the fake `nvidia-container-cli`
-   for its bash client; anything else, a vendor's command above all, is exec'd as given. Before
-   step 1 the node writes the bytecode the starts read (`write_bytecode`): they may not write it.
+   node, not exec'd, and while a start runs this process serves its CLI runs, forking the fake
+   `nvidia-container-cli` for each bash client, in the loop that also reads the start's output and
+   waits for its end (`_wait`); anything else, a vendor's command above all, is exec'd as given.
+   Before step 1 the node writes the bytecode the starts read (`write_bytecode`): they may not.
 
 The host's own `/usr`, `/dev`, `/run` are never written: every change is a mount in this namespace.
 
