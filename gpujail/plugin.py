@@ -53,6 +53,7 @@ from gpujail.spec import CONTRACT_VERSION, PENDING, REQUIREMENTS
 ASK = "GPUJAIL_SUITE"   # a conftest setting this to True asks the plugin to act
 SELF_CHECK = "self_check"
 CACHED = "already checked on this host"   # a self-check's skip reason when it passed here before
+UNAVAILABLE = "the launcher's cluster cannot run the agents: "   # a test's skip reason when so (then exit 3)
 
 option = options.option
 
@@ -183,6 +184,8 @@ class Suite:
         reason = ""
         if report.skipped and isinstance(report.longrepr, tuple):
             reason = report.longrepr[2]
+            if reason.startswith(UNAVAILABLE):
+                self.unavailable = reason[len(UNAVAILABLE):]
         elif report.failed:
             crash = getattr(report.longrepr, "reprcrash", None)
             reason = failure_reason(crash.message if crash else report.longreprtext.strip()[-2000:])
@@ -223,7 +226,8 @@ class Suite:
                   "uncited": [r for r in REQUIREMENTS if r not in self.by_requirement and r not in PENDING
                               and not r.startswith(HARNESS_FAMILIES)],
                   "pending": {r: why for r, why in PENDING.items()},
-                  "self_checks": checks}
+                  "self_checks": checks,
+                  **({"unavailable": f"--launcher {self.unavailable}"} if getattr(self, "unavailable", None) else {})}
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(report, indent=1))
         write_html(report, Path(path).with_name("report.html"))   # for people, beside the summary
@@ -290,6 +294,22 @@ class Suite:
         its node's copy-on-write host, gpujail/backends/cow.py) fails it, filed under REF-11 too."""
         with open_world(jail) as w:
             yield w
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        """A test that failed because the launcher's cluster cannot run the agents (a pod it cannot
+        schedule, an image it cannot pull) did not test the implementation: it is skipped with the
+        launcher's line, filed as the run's `unavailable` (exit 3, as a backend that is not there),
+        and the session stops, since every other test would meet the same cluster."""
+        report = yield
+        if report.failed and call.excinfo is not None and self.value("launcher"):
+            from gpujail.launchers.coordinator import launch_failure
+            failure = launch_failure(call.excinfo.value)
+            if failure is not None and failure.outcome == "backend":
+                reason = f"{UNAVAILABLE}{self.value('launcher')}: {str(failure).splitlines()[0]}"
+                report.outcome, report.longrepr = "skipped", (str(item.path), item.location[1] or 0, reason)
+                item.session.shouldstop = reason
+        return report
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):

@@ -635,3 +635,25 @@ def test_reproduce_with_its_run_outside_the_shared_volume_is_bad_input(fake_api,
     assert err.startswith(f"gpujail: scenario cold-race: run directory {tmp_path}/gpujail-reproduce-") \
         and f"not under --k8s-mount {tmp_path / 'shared'}" in err and len(err.splitlines()) == 1, err
     assert api.calls() == []
+
+
+def test_run_on_a_cluster_that_cannot_schedule_the_agents_is_exit_3(fake_api, tmp_path):
+    """`gpujail run --launcher kubernetes` whose agents' pods cannot be scheduled did not test the
+    implementation: one line naming the pod and why, exit 3 (as without a cluster), no invariant
+    reported failed, the Job deleted."""
+    api = fake_api(create=[(201, "create-job.json")], list=[(200, "pods-unschedulable.json")],
+                   delete=[(200, "delete-job.json")])
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUJAIL_K8S_")}
+    r = subprocess.run([sys.executable, "-m", "gpujail", "run", "--impl", "reference", "-n", "0", "--reports",
+                        str(tmp_path / "reports"), "--launcher", "kubernetes", "--workers", "2",
+                        "--k8s-mount", str(tmp_path), "--k8s-pvc", "gpujail-shared", "--k8s-namespace", "gpu",
+                        "--k8s-image", "registry.example.com/gpujail:0.1",
+                        "chaos", "-k", "test_scenario and cold-race and not random"], cwd=REPO,
+                       env={**clean, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == EXIT["backend"], r.stdout[-2000:] + r.stderr
+    assert r.stderr.startswith(f"gpujail: --launcher kubernetes: {UNSCHEDULABLE_LINE}"), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    from gpujail.report import totals
+    summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
+    assert not totals(summary).get("failed") and summary["unavailable"].startswith("--launcher kubernetes: pod ")
+    assert api.calls()[0] == "create" and api.calls()[-1] == "delete"

@@ -36,6 +36,8 @@ def suites() -> list[str]:
 
 def pytest_outcome(code: int, interrupted: bool, report: dict | None) -> str:
     """pytest's exit code (and the summary) as one of EXIT's outcomes."""
+    if report is not None and report.get("unavailable"):   # the launcher's cluster cannot run the agents
+        return "backend"                                    # (the plugin stopped the session: not Ctrl-C)
     if interrupted:
         return "interrupted"
     if code == 4:          # usage error (pytest printed the line)
@@ -114,6 +116,8 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
         print("\nthe end of the pytest log:\n" + "\n".join("  " + ln for ln in tail), file=out)
     final = publish(stage, reports, outcome == "interrupted", [*names.values(), reporting.CHAOS_DIR])
     exit_code = interrupted_code() if outcome == "interrupted" else EXIT[outcome]
+    if outcome == "backend":   # one line on stderr, as when the backend is not there at all
+        print(f"gpujail: {summary['unavailable']}", file=sys.stderr)
     print(f"\n{outcome.upper()} (exit {exit_code})", file=out)
     print("reports: " + "  ".join(str(final / n) for n in names.values() if (final / n).exists()), file=out)
     return exit_code

@@ -58,16 +58,22 @@ def boot_id() -> str:
         return f.read().strip()
 
 
-def outcome(exc: BaseException) -> str:
-    """The key of gpujail.spec.EXIT that an exception from a run through a launcher stands for: the
-    `outcome` a launcher gave it (kubernetes.LaunchFailed: 'backend' when the cluster cannot run the
-    agents, 'bad-input' for a setting), found through the exceptions it was raised from (the chaos
-    runner's `worker W could not be started`), else 'error'."""
+def launch_failure(exc: BaseException | None) -> BaseException | None:
+    """The exception a launcher raised with an `outcome` (kubernetes.LaunchFailed: 'backend' when
+    the cluster cannot run the agents, 'bad-input' for a setting), found through the exceptions it
+    was raised from (the chaos runner's `worker W could not be started`), or None."""
     while exc is not None:
         if getattr(exc, "outcome", None) in EXIT:
-            return exc.outcome
+            return exc
         exc = exc.__cause__ or exc.__context__
-    return "error"
+    return None
+
+
+def outcome(exc: BaseException) -> str:
+    """The key of gpujail.spec.EXIT that an exception from a run through a launcher stands for: its
+    launcher's outcome (`launch_failure`), else 'error'."""
+    failure = launch_failure(exc)
+    return failure.outcome if failure is not None else "error"
 
 
 def clock_line(clocks: list[dict]) -> str:
