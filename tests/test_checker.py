@@ -205,15 +205,17 @@ def test_a_node_the_harness_cut_off_its_network_jail_lost_nothing():
     node's probes fail with ENOTCONN or EIO: the fault's doing, not a loss an implementation caused.
     The same error with no such fault is still INV-1."""
     cut = {"attached": False, "size": None, "error": "Transport endpoint is not connected"}
-    for faulted in (True, False):
+    # the fault written before the probe; written after it (the killed client's daemon waited for)
+    # but begun before; none at all
+    for written, began, cut_off in ((0.2, 0.19, True), (0.4, 0.25, True), (None, None, False)):
         h = History()
         h.ready_worker(0.0, "A")
         h.probe(0.06, "A")
-        if faulted:
-            h.add(0.2, "host", "jailfs.fault", fault="lose-client", worker="A", pids=[1234])
+        if written:
+            h.add(written, "host", "jailfs.fault", fault="lose-client", worker="A", pids=[1234], began=T0 + began)
         h.probe(0.3, "A", **{NVML: cut})
         verdict = check(h.events, good_final(transient_only=False))
-        assert verdict.results["INV-1"].valid is (True if faulted else False), verdict.explanation
+        assert verdict.results["INV-1"].valid is cut_off, (written, verdict.explanation)
 
 
 def test_seed_bug_summary_reads_as_a_story():

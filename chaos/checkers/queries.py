@@ -246,9 +246,10 @@ def cut_off(run: Run, node: str, since: float, t: float) -> dict | None:
     """The network fault (`jailfs.fault`, gpujail/backends/jailfs.py) that cut `node` off from the
     jail at `t`, for a node alive since `since`: its own client killed by the harness (for the rest
     of that node's life), or the brick down (until it cleared). A probe's ENOTCONN or EIO then is the
-    injected fault's, not a loss an implementation caused."""
+    injected fault's, not a loss an implementation caused. The fault acts from when the harness
+    began it (`began`), before its event was written (a killed client's daemon is waited for)."""
     for f in run.of("jailfs.fault"):
-        if not since <= f["t"] <= t:
+        if not since <= f.get("began", f["t"]) <= t:
             continue
         if f.get("worker"):
             if f["worker"] == node:

@@ -573,6 +573,7 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
                 return
             fs = self.jailfs
             self._faulty.set()
+            began = time.monotonic()   # the fault acts from here on, before its event is written
             if f.fault == "kill-brick":
                 pids = fs.kill_brick()
             elif f.fault == "latency":
@@ -580,7 +581,7 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
                 pids = []
             else:
                 pids = fs.lose_client(f.worker)
-            log("jailfs.fault", fault=f.fault, worker=f.worker, pids=pids)
+            log("jailfs.fault", fault=f.fault, worker=f.worker, pids=pids, began=began)
             self._stop.wait(f.hold)
             if f.fault == "kill-brick":
                 fs.restart_brick()

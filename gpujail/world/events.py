@@ -99,9 +99,10 @@ _kind("chaos.ldconfig", "chaos/runner.py", "view:str code:int|str",
       "(view blind) or its own driver's (view gpu)")
 _kind("chaos.fault", "chaos/runner.py", "worker:str failpoint:str term:str",
       "one failpoint armed for a worker's first start (the nemesis's plan, not yet its effect)")
-_kind("jailfs.fault", "gpujail/backends/jailfs.py", "fault:str worker:str pids:list",
-      "a fault only a network jail has begins: the brick killed, latency on every brick operation, or a "
-      "node's client killed under it (`pids`: the processes killed)")
+_kind("jailfs.fault", "gpujail/backends/jailfs.py", "fault:str worker:str pids:list began:float",
+      "a fault only a network jail has began: the brick killed, latency on every brick operation, or a "
+      "node's client killed under it (`pids`: the processes killed; `began`: when the harness started "
+      "it, on the history's clock, before the event was written once it was done)")
 _kind("jailfs.clear", "gpujail/backends/jailfs.py", "fault:str worker:str",
       "that fault clears: the brick restarted, the latency removed (a lost client stays lost for its node)")
 _kind("chaos.kill", "chaos/runner.py", "worker:str barrier:str",
