@@ -99,7 +99,7 @@ _kind("chaos.ldconfig", "chaos/runner.py", "view:str code:int|str",
       "(view blind) or its own driver's (view gpu)")
 _kind("chaos.fault", "chaos/runner.py", "worker:str failpoint:str term:str",
       "one failpoint armed for a worker's first start (the nemesis's plan, not yet its effect)")
-_kind("jailfs.fault", "gpujail/backends/jailfs.py", "fault:str worker:str pids:list began:float",
+_kind("jailfs.fault", "gpujail/backends/jailfs.py", "fault:str worker:str pids:list began:num?",
       "a fault only a network jail has began: the brick killed, latency on every brick operation, or a "
       "node's client killed under it (`pids`: the processes killed; `began`: when the harness started "
       "it, on the history's clock, before the event was written once it was done)")
