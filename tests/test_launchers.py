@@ -92,3 +92,17 @@ def _processes() -> list[str]:
         except OSError:
             pass
     return out
+
+
+@pytest.mark.skipif(bool(NO_SLURM), reason=f"no Slurm cluster here ({NO_SLURM}); ./run-tests starts one as root")
+def test_a_partition_slurm_does_not_know_is_bad_input_in_one_line(tmp_path):
+    """srun refuses the step (`Unable to allocate resources: Invalid partition name specified`): the
+    run says so in one line naming the setting, exit 2 (a setting of the user's, not a failed agent),
+    and leaves no job."""
+    r = gpujail("reproduce", "cold-race", "--launcher", "slurm", "--nodes", "1", "--partition", "no-such-partition",
+                "--out", str(tmp_path / "out"), env={"TMPDIR": str(tmp_path)})
+    assert r.returncode == EXIT["bad-input"], r.stdout + r.stderr
+    assert r.stderr == ("gpujail: scenario cold-race: srun: Slurm cannot allocate the agents' step: Invalid partition "
+                        "name specified (--partition no-such-partition)\n"), r.stderr
+    queue = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=30).stdout
+    assert "gpujail-" not in queue, queue

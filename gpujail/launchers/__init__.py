@@ -28,6 +28,17 @@ from pathlib import Path
 NAMES = ("local", "slurm", "kubernetes")
 
 
+class LaunchFailed(RuntimeError):
+    """One line for the user; `outcome` is a key of gpujail.spec.EXIT: 'backend' when the cluster
+    cannot run the agents (no access, unschedulable, no image, no resources), 'bad-input' for a
+    setting it refuses (an unknown partition), 'error' when an agent failed. It reaches the exit
+    code through the coordinator (`coordinator.outcome`)."""
+
+    def __init__(self, outcome: str, message: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
 class Launcher:
     """Starts the agents of one run and stops them. Options come from the command line
     (`--partition`, `--account`, `--nodes` for Slurm), unknown ones are ignored."""
@@ -49,8 +60,7 @@ class Launcher:
 
     def gone(self) -> str | None:
         """Why the agents are no longer running (they died, the job was cancelled), or None. A
-        launcher may instead raise an exception with an `outcome` (a key of gpujail.spec.EXIT: the
-        Kubernetes launcher's LaunchFailed), which then decides the run's exit code."""
+        launcher may instead raise `LaunchFailed`, whose `outcome` then decides the run's exit code."""
         return None
 
     def stop(self, timeout: float = 10.0) -> None:

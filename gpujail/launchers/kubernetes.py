@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujail.launchers import Launcher as Base
+from gpujail.launchers import LaunchFailed
 
 # (flag, environment variable, default, help): `gpujail run` makes its --k8s-* flags from this table.
 SETTINGS = [
@@ -77,16 +78,6 @@ JOB_UID = "batch.kubernetes.io/controller-uid"        # the pod label the Job co
 STUCK = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
          "CreateContainerError", "RunContainerError")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
-class LaunchFailed(RuntimeError):
-    """One line for the user; `outcome` is a key of gpujail.spec.EXIT: 'backend' when the cluster
-    cannot run the Job (no access, unschedulable, no image), 'error' when an agent failed. It
-    reaches the exit code through the coordinator (`coordinator.outcome`)."""
-
-    def __init__(self, outcome: str, message: str):
-        super().__init__(message)
-        self.outcome = outcome
 
 
 class BadSetting(LaunchFailed):

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 from gpujail.launchers import Launcher as Base
-from gpujail.launchers import agent_argv
+from gpujail.launchers import LaunchFailed, agent_argv
 
 
 class Launcher(Base):
@@ -60,9 +61,18 @@ class Launcher(Base):
                                          stderr=subprocess.STDOUT, start_new_session=True)
 
     def gone(self) -> str | None:
+        """Why the step ended; `LaunchFailed` when Slurm refused to allocate it: 'bad-input' for a
+        partition or account it does not know (--partition, --account), else 'backend'."""
         if self.proc.poll() is None:
             return None
         lines = [ln for ln in (self.run_dir / "srun.log").read_text().splitlines() if ln.strip()]
+        for ln in lines:
+            _, refused, why = ln.partition("Unable to allocate resources:")
+            if refused:
+                setting = re.search(r"[Ii]nvalid (partition|account)", why)
+                raise LaunchFailed("bad-input" if setting else "backend",
+                                   f"srun: Slurm cannot allocate the agents' step: {why.strip()}"
+                                   + (f" (--{setting.group(1)} {self.options.get(setting.group(1))})" if setting else ""))
         return f"srun exited with code {self.proc.returncode}" + (f": {lines[-1]}" if lines else "")
 
     def job_ids(self) -> set[str]:
