@@ -59,6 +59,20 @@ def test_file_channel_answers_in_order_and_notices_a_dead_server(tmp_path):
         channel.call({"n": 9}, alive=lambda: "server gone")
 
 
+def test_file_channels_keep_no_inotify_instance_once_gone(tmp_path):
+    """A channel keeps its reply watches for the next call, and lets them go with it: a user has few
+    inotify instances (128 by default), and a harness makes a channel per agent of every fleet."""
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+    before = open_fds()
+    for i in range(20):
+        channel = FileChannel(str(tmp_path / f"ch{i}"))
+        channel.reply(1, {"ok": True})
+        assert channel.wait(1, timeout=10) == {"ok": True}
+        del channel
+    assert open_fds() == before
+
+
 def test_index_comes_from_the_flag_then_slurm_then_kubernetes(monkeypatch):
     monkeypatch.delenv("SLURM_PROCID", raising=False)
     monkeypatch.delenv("JOB_COMPLETION_INDEX", raising=False)

@@ -46,6 +46,7 @@ import ctypes
 import errno
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -297,7 +298,6 @@ class _Tail:
 def _wait(p, tails: list[_Tail], timeout: float | None, serving: warm.CliServer | None) -> int | str:
     """Until the start `p` exits (its exit code) or reaches its deadline ("timeout"), reading its
     output and serving its CLI runs meanwhile: all in this one thread, which forks the fakes."""
-    import select
     pidfd = p.pidfd if isinstance(p, warm.Forked) else os.pidfd_open(p.pid)
     deadline = None if timeout is None else time.monotonic() + timeout
     if serving:
@@ -544,7 +544,6 @@ class _Watch:
         if self.fd < 0:
             time.sleep(timeout)
             return False
-        import select
         if not select.select([self.fd], [], [], timeout)[0]:
             return False
         self.drain()
@@ -561,6 +560,8 @@ class _Watch:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    __del__ = close   # a channel's spare watches go with it: inotify instances are few (128 a user)
 
 
 class FileChannel:
