@@ -50,7 +50,7 @@ def _factory() -> warm.Factory:
         if not _FACTORY or not _FACTORY[0].alive:
             def popen(argv, fds):
                 return _SPAWNER.submit(subprocess.Popen, argv, cwd=ROOT, pass_fds=fds, stdin=subprocess.DEVNULL,
-                                       env={**os.environ, "PYTHONPATH": _pythonpath()}, start_new_session=True).result()
+                                       env=_node_env(), start_new_session=True).result()
             _FACTORY[:] = [warm.Factory(popen)]
         return _FACTORY[0]
 
@@ -104,7 +104,7 @@ class Node:
         cfg = {"jail": str(self.jail), "driver_tree": tree, "devices": devices, "socket": socket_path,
                **self.options,
                "env": {k: v for k, v in self.env.items() if k.startswith("GPUJAIL_")}}
-        env = {**os.environ, "PYTHONPATH": _pythonpath()}
+        env = _node_env()
         if warm.enabled():
             self.proc = _factory().spawn(cfg, env, str(ROOT))
         else:
@@ -213,6 +213,11 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, IndexError):
         return False
+
+
+def _node_env() -> dict[str, str]:
+    """The environment a node (and the factory that forks nodes) starts with: this process's."""
+    return {**os.environ, "PYTHONPATH": _pythonpath()}
 
 
 def _pythonpath() -> str:

@@ -306,8 +306,8 @@ class CliServer:
                 self.sock.close()
                 conn.close()
                 _close(*self.loop_fds, *self.runs)   # the node's loop: not the fake's to hold
-                for other in {id(r[0]): r[0] for r in self.runs.values()}.values():
-                    other.close()
+                for other in self.runs.values():
+                    other[0].close()
                 if mnt is not None:
                     _setns(mnt)
                 os.fchdir(cwd)
