@@ -143,20 +143,37 @@ def plan(ctx: Ctx, host_paths: list[str]) -> list[tuple[str, str]]:
     debian = is_debian(ctx)
     pairs = [(p, target(p, debian)) for p in host_paths]
     root = ctx.sys.realpath(ctx.jail)
+    real_dirs: dict[str, str] = {}   # a start's sixty targets lie in five directories: each resolved once
     for _, rel in pairs:
-        stays_inside(ctx, root, rel)
+        stays_inside(ctx, root, rel, real_dirs)
     return pairs
 
 
-def stays_inside(ctx: Ctx, root: str, rel: str) -> None:
+def stays_inside(ctx: Ctx, root: str, rel: str, real_dirs: dict[str, str]) -> None:
     """REF-11 where the CLI is involved: our own writes resolve beneath the jail (openat2), but the
     CLI resolves its targets on the host (firmware by a plain join, `stat` and `mkdir` following
     symlinks), so a jail symlink that leads out (absolute, or `..`) would make *the CLI* write
     outside. Refuse such a jail before anything runs."""
-    real = ctx.sys.realpath(os.path.join(ctx.jail, rel))
+    real = _resolved(ctx, os.path.join(ctx.jail, rel), real_dirs)
     if real != root and not real.startswith(root + "/"):
         raise Fatal("unsafe-jail", f"{ctx.jail}/{rel} resolves to {real}, outside the jail: "
                                    "refusing (nvidia-container-cli would follow it)")
+
+
+def _resolved(ctx: Ctx, path: str, real_dirs: dict[str, str]) -> str:
+    """realpath(path), the directory's part remembered in `real_dirs`: a name that is no symlink
+    (or does not exist) adds itself to its directory's real path, as realpath would add it."""
+    d, name = os.path.split(path)
+    if name in ("", ".", ".."):
+        return ctx.sys.realpath(path)
+    if d not in real_dirs:
+        real_dirs[d] = ctx.sys.realpath(d)
+    try:
+        if stat.S_ISLNK(ctx.sys.lstat(os.path.join(real_dirs[d], name)).st_mode):
+            return ctx.sys.realpath(path)
+    except OSError:
+        pass
+    return os.path.join(real_dirs[d], name)
 
 
 # -- REF-3..5: markers under the lock ----------------------------------------------------------

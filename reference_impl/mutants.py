@@ -292,7 +292,7 @@ class _OnTheHost:
 
 
 def _escapes_jail(core):
-    core.stays_inside = lambda ctx, root, rel: None
+    core.stays_inside = lambda ctx, root, rel, real_dirs: None
     _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=_OnTheHost(ctx.sys)))
 
 

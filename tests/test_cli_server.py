@@ -1,5 +1,6 @@
 """The fake CLI forked for its client by the node's CLI server behaves as the fake in an interpreter of
-its own (issue 19; SPEC CLI-1..7, INV-6; gpujail/backends/warm.py, 3).
+its own (issue 19; SPEC CLI-1..7, INV-6; gpujail/backends/warm.py, 3), and so does the fake a bundled
+implementation forks from itself (`warm.run_cli_forked`).
 
 A worker's `nvidia-container-cli` is a bash client; in a node it asks the node's CLI server to fork
 the fake for it. Each test runs the same command both ways in real kernel-backend nodes (`served`,
@@ -9,9 +10,11 @@ server cannot stand in for, or one killed under its fake, is handled as a CLI pr
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,3 +153,56 @@ def test_a_cli_outside_any_node_runs_the_fake_itself(tmp_path):
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", warm.CLI_SERVER_ENV: "127.0.0.1:1"}
     r = subprocess.run(["nvidia-container-cli", "--version"], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("cli-version: "), r
+
+
+# -- the fake a bundled implementation forks from itself ---------------------------------------------
+
+RUN = """
+import json, sys
+from gpujail.backends import warm
+from gpujail.world import sysops
+if sys.argv[1] == "forked":
+    sysops.run_without_exec = warm.run_cli_forked
+print(json.dumps(sysops.RealSys().run(sys.argv[2:])))
+"""
+
+RUNS = {
+    "list": (["nvidia-container-cli", "list"], {}),
+    "configure": (CONFIGURE.split() + ["JAIL"], {}),
+    "configure failing at a mount (CLI-6 cleanup)": (CONFIGURE.split() + ["JAIL"],
+                                                     {"GPUJAIL_FAILPOINTS": "cli.after_mount=3*off->return(EIO)"}),
+    "killed by its failpoint": (CONFIGURE.split() + ["JAIL"], {"GPUJAIL_FAILPOINTS": "cli.before_list=kill"}),
+    "bad usage": (["nvidia-container-cli", "bogus"], {}),
+}
+
+
+@pytest.mark.parametrize("argv, env", RUNS.values(), ids=RUNS.keys())
+def test_sysops_run_of_the_cli_is_the_same_forked_or_executed(tmp_path, argv, env):
+    """`RealSys.run` of the bundled CLI in a node: forked from the calling process (what a bundled
+    implementation forked warm does) or exec'd through the client, the same (exit status, stdout,
+    stderr), with the same placeholders, mounts and CLI events."""
+    results = {}
+    for way in ("forked", "exec"):
+        fleet, node = fresh_node(tmp_path, way)
+        with fleet:
+            jail = str(node.jail)
+            r = node.run([sys.executable, "-c", RUN, way, *[a.replace("JAIL", jail) for a in argv]],
+                         env=node.contract_env(extra=env))
+            assert r.code == 0, r.stderr
+            mounts = sorted(m["mountpoint"][len(jail):] for m in node.mounts() if m["mountpoint"] != jail)
+            cli = [e["kind"] for e in fleet.history() if e["kind"].startswith("cli.")]
+            results[way] = (json.loads(r.stdout.replace(jail, "JAIL")), tree(node.jail), mounts, cli)
+    assert results["forked"] == results["exec"]
+    if "kill" in env.get("GPUJAIL_FAILPOINTS", ""):
+        assert results["forked"][0][0] == -9   # died of its signal, as an exec'd CLI does
+
+
+def test_a_warm_reference_start_forks_its_cli_runs_itself(fleet):
+    """The reference forked warm runs `list` and `configure` as its own children, with no client in
+    between: in the node's fresh PID namespace they take the two pids after the implementation's
+    (through the client, each run would take two: the client's and its fake's)."""
+    from gpujail.contract import start_worker
+    worker = start_worker(fleet, "w", "reference")
+    assert worker.ready, worker.attempts[-1].stderr
+    impl = history.select(fleet.history(), "impl.begin", node="w")[0]["pid"]
+    assert cli_pids(fleet, "w") == [impl + 2]   # configure's (`list` records no cli.start)

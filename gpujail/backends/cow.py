@@ -47,7 +47,7 @@ def _mountpoints() -> list[str]:
     return sorted(points, key=lambda p: (p.count("/"), p))
 
 
-def _covered(userns: bool) -> list[str]:
+def _covered(userns: bool, mountpoints: list[str]) -> list[str]:
     """What gets an overlay: the root file system's top directories, every mount below them and,
     in a user namespace, the user's own home and temporary directories. (There a copy-up must give
     the copy its original owner, which fails with EOVERFLOW for an owner the namespace does not map:
@@ -56,7 +56,7 @@ def _covered(userns: bool) -> list[str]:
     tops = [f"/{n}" for n in sorted(os.listdir("/"))
             if not os.path.islink(f"/{n}") and os.path.isdir(f"/{n}") and f"/{n}" not in SKIP]
     own = [os.environ.get(k) for k in ("HOME", "TMPDIR")] if userns else []
-    below = [p for p in _mountpoints() + [os.path.realpath(p) for p in own if p]
+    below = [p for p in mountpoints + [os.path.realpath(p) for p in own if p]
              if p != "/" and not p.startswith(tuple(s + "/" for s in SKIP)) and p not in SKIP and p not in tops
              and os.path.isdir(p)]
     return sorted(dict.fromkeys(tops + below), key=lambda p: (p.count("/"), p))
@@ -121,20 +121,21 @@ def cover(shared: list[str], lowers: dict[str, str] | None = None) -> HostView:
     lowers = lowers or {}
     keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in dict.fromkeys(shared) if os.path.isdir(p)]
     userns = os.getuid() != 0 or _in_user_namespace()
-    points = _covered(userns)
+    mountpoints = _mountpoints()
+    points = _covered(userns, mountpoints)
     # Opened before any overlay: once /mnt is overlaid, what is mounted below it is only reachable
     # through these descriptors. A file mounted over a file (a bind-mounted /etc/resolv.conf, a
     # driver file an engine put at its host path) cannot carry an overlay: it is bound back as is.
     sources = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in points}
-    files = [(p, os.open(p, os.O_PATH)) for p in _mountpoints()
+    files = [(p, os.open(p, os.O_PATH)) for p in mountpoints
              if not os.path.isdir(p) and os.path.exists(p) and not p.startswith(tuple(s + "/" for s in SKIP))]
     os.makedirs(STAGE, exist_ok=True)
     sysops.mount("tmpfs", STAGE, "tmpfs", 0, "mode=0700")
     layers = []
     for i, point in enumerate(points):
         upper, work = f"{STAGE}/{i}/upper", f"{STAGE}/{i}/work"
-        os.makedirs(upper)
-        os.makedirs(work)
+        for d in (f"{STAGE}/{i}", upper, work):
+            os.mkdir(d)
         lower = ":".join(filter(None, [lowers.get(point), f"/proc/self/fd/{sources[point]}"]))
         options = f"lowerdir={lower},upperdir={upper},workdir={work}" + (",userxattr" if userns else "")
         try:

@@ -78,9 +78,16 @@ def _unshare(flags: int) -> None:
         raise OSError(e, f"unshare: {os.strerror(e)}")
 
 
-def enter_namespaces() -> None:
-    """Private mount + PID namespace (+ user namespace when unprivileged). Forks: returns in PID 1."""
+def enter_namespaces(pid1: bool = False) -> None:
+    """Private mount + PID namespace (+ user namespace when unprivileged). Forks: returns in PID 1.
+    `pid1`: this process already is the PID 1 of a new PID namespace (fork_node): the mount
+    namespace only."""
     uid, gid = os.getuid(), os.getgid()
+    if pid1:
+        _unshare(CLONE_NEWNS)
+        sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
+        _die_with_parent()
+        return
     flags = CLONE_NEWNS | CLONE_NEWPID
     if uid != 0:
         flags |= CLONE_NEWUSER
@@ -702,13 +709,38 @@ _entered: bool | OSError | None = None   # set by `enter` in the factory's child
 HOST_UID = os.getuid()   # the uid that started the node, before a user namespace made it 0
 
 
+def fork_node(cfg: dict) -> int:
+    """The factory's fork of a node (warm.py, 1): 0 in the child, its pid in the factory. As root
+    the child is born PID 1 of a new PID namespace, so no outer process stays behind to wait for it:
+    unshare(CLONE_NEWPID) names the namespace of the children to come, and setns back to the
+    factory's own makes the next one possible (a second unshare would fail with EINVAL).
+    Unprivileged, the child makes a user namespace first, the PID namespace in it, and waits as
+    their outer process (enter_namespaces)."""
+    if HOST_UID != 0 or cfg.get("listen"):
+        return os.fork()
+    global _own_pid_ns
+    if _own_pid_ns is None:
+        _own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    _unshare(CLONE_NEWPID)
+    try:
+        pid = os.fork()
+    finally:
+        if os.getpid() != 1 and _libc.setns(_own_pid_ns, CLONE_NEWPID) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"setns back to the factory's PID namespace: {os.strerror(e)}")
+    return pid
+
+
+_own_pid_ns: int | None = None   # the factory's PID namespace, to return to after each fork_node
+
+
 def enter(cfg: dict) -> None:
-    """Into the node's namespaces (step 1): returns in PID 1."""
+    """Into the node's namespaces (step 1), in the child of fork_node: returns in PID 1."""
     global _entered
     try:
         if cfg.get("mount_ns"):
             enter_mount_ns(cfg["mount_ns"])
-        enter_namespaces()
+        enter_namespaces(pid1=os.getpid() == 1)
         _entered = True
     except OSError as e:   # said by main, on the node's stdout, as before
         _entered = e
@@ -772,6 +804,7 @@ def run_node() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--factory"]:   # warm.Factory: this process forks the nodes
         _die_with_parent()
-        warm.factory_main(int(sys.argv[2]), prepare, lambda cfg: enter(cfg) if not cfg.get("listen") else None, run_node)
+        warm.factory_main(int(sys.argv[2]), prepare, fork_node, lambda cfg: enter(cfg) if not cfg.get("listen") else None,
+                          run_node)
     else:
         run_node()

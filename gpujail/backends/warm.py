@@ -30,6 +30,11 @@ exit status (`become`: the one copy of "be that process"):
    credentials or root, no pidfd_getfd) is told to `exec`: it runs the fake in a new interpreter
    (fixtures/standalone/). So does a client outside a node, and every CLI run under strace
    (fixtures/wrap/), whose faults must land in the process strace started.
+   A bundled implementation forked warm (2) needs no client: its `sysops.run` of the bundled CLI
+   forks the fake from itself (`run_cli_forked`), which then has the implementation as its real
+   parent, and its environment, cwd, umask and namespaces; stdin /dev/null, stdout and stderr
+   pipes and no other descriptor, as subprocess.run gives an exec'd CLI. A vendor's script, the
+   shell example among them, goes through the client.
 
 `GPUJAIL_WARM_STARTS=0` in the harness's environment turns all three off (the benchmarks compare).
 """
@@ -39,13 +44,19 @@ import contextlib
 import ctypes
 import gc
 import json
+import locale
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+
+from gpujail.fixtures import BIN
+from gpujail.world import history, sysops
 
 WARM_ENV = "GPUJAIL_WARM_STARTS"
 CLI_SERVER_ENV = "GPUJAIL_CLI_SERVER"
@@ -191,6 +202,7 @@ def fork_start(module: str, argv: list[str], env: dict, cwd: str) -> Forked:
                 os.dup2(fd, target)
             _close(null, out_r, out_w, err_r, err_w)
         finally:
+            sysops.run_without_exec = run_cli_forked   # (3): its own runs of the bundled CLI
             become([argv[0], *argv[4:]], env, lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
     _close(out_w, err_w)
     return Forked(pid, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
@@ -327,6 +339,56 @@ class CliServer:
         return [conn, pidfd, os.pidfd_open(fake), fake]
 
 
+def run_cli_forked(argv: list[str], timeout: float | None) -> tuple[int, str, str] | None:
+    """`sysops.run` in an implementation forked warm (2): when `argv[0]` is the bundled CLI's client
+    on this process's PATH and a node serves this start, run the fake in a child of this process, as
+    the server would fork it for the client (3), and return what subprocess.run(capture_output,
+    text, stdin=DEVNULL) would (TimeoutExpired on `timeout`, the child killed); else None."""
+    prog = shutil.which(argv[0])
+    if not prog or not os.environ.get(CLI_SERVER_ENV) or os.path.realpath(prog) != _CLIENT:
+        return None
+    from gpujail.fixtures import fake_cli
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            null = os.open(os.devnull, os.O_RDONLY)
+            for fd, target in ((null, 0), (out_w, 1), (err_w, 2)):
+                os.dup2(fd, target)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))   # as subprocess's close_fds: no lock of ours held
+            history.reopen()
+        finally:
+            become([prog, *argv[1:]], dict(os.environ), lambda: sys.exit(fake_cli.main(argv[1:])))
+    _close(out_w, err_w)
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    reading = [out_r, err_r]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while reading:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            ready = select.select(reading, [], [], left)[0]
+            if not ready:   # as subprocess.run: the child killed (and reaped), then TimeoutExpired
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired(argv, timeout)
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                chunks[fd].append(chunk)
+                if not chunk:
+                    reading.remove(fd)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    finally:
+        _close(out_r, err_r)
+    return code, _text(b"".join(chunks[out_r])), _text(b"".join(chunks[err_r]))
+
+
+def _text(data: bytes) -> str:
+    """As subprocess.run(text=True) decodes a stream: the locale's encoding, universal newlines."""
+    encoding = "utf-8" if sys.flags.utf8_mode else locale.getencoding()
+    return data.decode(encoding).replace("\r\n", "\n").replace("\r", "\n")
+
+
+_CLIENT = os.path.realpath(BIN / "nvidia-container-cli")
 TAKEN = ("umask", "mnt")   # what the fake's child takes from its client; the rest of _identity must be equal
 
 
@@ -455,9 +517,9 @@ class Factory:
             with self.lock:
                 socket.send_fds(self.sock, [json.dumps({"cfg": cfg, "env": env, "cwd": cwd}).encode()], [in_r, out_w])
                 msg, fds, _, _ = socket.recv_fds(self.sock, 65536, 1)
-            if not msg or not fds:
-                raise OSError(f"the node factory did not answer: {msg.decode(errors='replace') or 'it exited'}")
-            reply = json.loads(msg)
+            reply = json.loads(msg) if msg else {"error": "the node factory exited"}
+            if not fds:
+                raise OSError(f"the node factory could not fork a node: {reply.get('error')}")
             os.set_inheritable(fds[0], False)
             return NodeProcess(reply["pid"], fds[0], os.fdopen(in_w, "w"), os.fdopen(out_r, "r"))
         except BaseException:
@@ -471,12 +533,13 @@ class Factory:
         self.proc.wait()
 
 
-def factory_main(fd: int, prepare, enter, run_node) -> None:
+def factory_main(fd: int, prepare, fork, enter, run_node) -> None:
     """The factory process: `prepare()` once (imports, bytecode), then a node per request, forked,
     running `run_node()` as `python -m gpujail.backends.node CFG` would, until the harness closes
-    the socket. `enter(cfg)` runs first in the child: it enters the node's namespaces, where the
-    node's outer process stays behind and only its PID 1 goes on (so that the outer one, which
-    only waits, touches as little of the inherited memory as it can). It reaps the nodes as they end
+    the socket. `fork(cfg)` forks: as root, a child born PID 1 of the node's PID namespace.
+    `enter(cfg)` runs first in the child: it enters the node's (other) namespaces; unprivileged,
+    the child stays behind there as the namespaces' outer process, which only waits, and only its
+    PID 1 goes on. It reaps the nodes as they end
     (their CPU time counts as this process's children's, as a Popen'd node's counted as the
     harness's); the harness waits on their pidfds."""
     sock = socket.socket(fileno=fd)
@@ -500,7 +563,12 @@ def factory_main(fd: int, prepare, enter, run_node) -> None:
         # SIGCHLD held until the pidfd exists: a node that died at once is not reaped (and its pid
         # reused) before the pidfd names it
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-        pid = os.fork()
+        try:
+            pid = fork(req["cfg"])
+        except OSError as e:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+            socket.send_fds(sock, [json.dumps({"error": str(e)}).encode()], [])
+            continue
         if pid == 0:
             try:
                 sock.close()

@@ -75,6 +75,13 @@ def _write(path: str | None, kind: str, fields: dict) -> None:
         os.write(_fd, record)
 
 
+def reopen() -> None:
+    """After a fork whose child closed the descriptors it inherited (gpujail/backends/warm.py): the
+    next record opens the file again rather than write to a number that is no longer its."""
+    global _fd, _path
+    _fd = _path = None
+
+
 def _invalid(kind: str, fields: dict) -> Exception | None:
     """What is wrong with an event (naming the first caller outside this module), or None. The
     writer still writes a bad event before raising: a process whose error is swallowed (a worker
