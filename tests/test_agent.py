@@ -186,9 +186,13 @@ def test_an_orphaned_agent_ends_by_itself(jail, tmp_path, monkeypatch):
 
 
 def test_coordinator_leaves_its_directory_clean_of_requests(jail, tmp_path):
+    """Every request and reply file is read and removed; the local launcher's request directory (a
+    tmpfs of this machine, launchers/local.py) goes with the run."""
     run = tmp_path / "run"
     with fleet_class("local", agents=1).recording(jail, run, 0) as fleet:
         assert fleet.start("w0").run(["true"]).code == 0
-    assert os.listdir(run / "nodes" / "0" / "in") == [] and os.listdir(run / "nodes" / "0" / "out") == []
+        channels = Path(json.loads((run / "run.json").read_text())["channels"])
+        assert os.listdir(channels / "0" / "in") == [] and os.listdir(channels / "0" / "out") == []
+    assert not channels.exists() and not channels.is_relative_to(run)
     assert (run / "stop").exists()
     assert "1 agents on 1 host(s)" in coordinator.clock_line(json.loads((run / "clocks.json").read_text()))

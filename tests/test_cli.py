@@ -470,9 +470,10 @@ def test_stale_run_directories_are_swept_only_when_their_owner_is_gone(tmp_path)
     dead = subprocess.Popen(["true"])
     dead.wait()
     stale, live = tmp_path / f"gpujail-run-{dead.pid}-abc", tmp_path / f"gpujail-run-{os.getpid()}-def"
-    for d in (stale, live, tmp_path / "gpujail-run-notapid"):
+    channels = tmp_path / f"gpujail-channels-{dead.pid}-ghi"   # the local launcher's, on /dev/shm
+    for d in (stale, live, channels, tmp_path / "gpujail-run-notapid"):
         (d / "jail").mkdir(parents=True)
-    assert sweep(tmp_path) == [stale]
+    assert sorted(sweep(tmp_path)) == sorted([stale, channels])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "gpujail-run-notapid"])
 
 

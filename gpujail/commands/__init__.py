@@ -109,12 +109,15 @@ def interrupted_code() -> int:
     return 128 + STOPPED_BY["signal"]
 
 
-SCRATCH = re.compile(r"gpujail-(?:run|reproduce)-(\d+)-\w+")
+SCRATCH = re.compile(r"gpujail-(?:run|reproduce|channels)-(\d+)-\w+")
 
 
 def scratch(kind: str) -> Path:
-    """A run's temporary directory, `gpujail-KIND-PID-XXXX`, after sweeping away stale ones."""
+    """A run's temporary directory, `gpujail-KIND-PID-XXXX`, after sweeping away stale ones (also
+    the local launcher's request directories on /dev/shm)."""
     sweep(Path(tempfile.gettempdir()))
+    if os.path.isdir("/dev/shm"):
+        sweep(Path("/dev/shm"))
     return Path(tempfile.mkdtemp(prefix=f"gpujail-{kind}-{os.getpid()}-"))
 
 

@@ -53,6 +53,11 @@ class Launcher:
         """None when this launcher can start agents from here, else why not (one line)."""
         return None
 
+    def channels(self, run_dir: Path) -> Path:
+        """Where the agents' request and reply files go (`CHANNELS/I/in`, `CHANNELS/I/out`): in the
+        run directory, the one thing a cluster's nodes share."""
+        return run_dir / "nodes"
+
     def start(self, run_dir: Path, count: int) -> None:
         """Start agents 0..count-1, each running `agent_argv(run_dir)` with its index in its
         environment (SLURM_PROCID, JOB_COMPLETION_INDEX) or as `--index`."""

@@ -10,7 +10,8 @@ run directory, which the coordinator made on the shared file system. Its index i
 `$SLURM_PROCID`, else `$JOB_COMPLETION_INDEX`, else 0. It:
 
 1. reads `DIR/run.json`, writes `DIR/nodes/I/agent.json` (host, pid, boot id, Slurm job id): its hello;
-2. answers the requests of `DIR/nodes/I/` (gpujail/backends/node.py's file transport), each in a
+2. answers the requests of `CHANNELS/I/` (gpujail/backends/node.py's file transport; CHANNELS is
+   run.json's `channels`, `DIR/nodes` unless the launcher chose a local tmpfs), each in a
    thread of its own, since a start may block for seconds while the next probe or kill must not:
    `clock` (its monotonic clock, for the coordinator's rendezvous), `start` (a worker node made
    exactly as the kernel backend makes it: a `kernel.Node`, i.e. `python -m gpujail.backends.node` in
@@ -124,7 +125,7 @@ class Agent:
     def serve(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
         kernel.start_factory()   # before the hello: the rendezvous waits for it, not the first start
-        channel = FileChannel(str(self.dir))
+        channel = FileChannel(os.path.join(self.run.get("channels") or str(self.run_dir / "nodes"), str(self.index)))
         hello = {"index": self.index, "host": socket.gethostname(), "pid": os.getpid(),
                  "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
                  "slurm_job": os.environ.get("SLURM_JOB_ID"), "pod": os.environ.get("HOSTNAME")}

@@ -7,7 +7,8 @@ chaos runner, the contract and the suites drive agents on other machines unchang
 fleet (`with fleet_class.recording(jail, DIR, seed) as fleet`):
 
 1. writes `DIR/run.json` (jail, seed, launcher, agent count, the shared environment: history,
-   barriers) and starts `agents` agents through the launcher; each answers in `DIR/nodes/I/`;
+   barriers, where the request files go) and starts `agents` agents through the launcher; each
+   answers the requests of `CHANNELS/I/` (`DIR/nodes/I/`, or a local tmpfs: launchers/local.py);
 2. rendezvous: `ROUNDS` clock requests per agent, each bracketed by this machine's monotonic clock
    (t0 before writing, t1 after reading the reply). The agent's clock reads `mono` in between, so
    its offset is `mono - (t0 + t1) / 2` within +-(t1 - t0) / 2; the round with the shortest round
@@ -92,10 +93,10 @@ def clock_line(clocks: list[dict]) -> str:
 class Agent:
     """The coordinator's handle on agent `index`: its channel, and where it stands."""
 
-    def __init__(self, fleet: Fleet, index: int):
+    def __init__(self, fleet: Fleet, index: int, channels: Path):
         self.index, self.fleet = index, fleet
         self.dir = fleet.run_dir / "nodes" / str(index)
-        self.channel = FileChannel(str(self.dir))
+        self.channel = FileChannel(str(channels / str(index)))
         self.hello: dict = {}
         self.clock: dict = {}
         self.copied = 0   # bytes of its history already copied into the run's
@@ -216,16 +217,18 @@ class Fleet(kernel.Fleet):
         (self.run_dir / "nodes").mkdir(parents=True, exist_ok=True)
         for stale in ("stop", "clocks.json"):
             (self.run_dir / stale).unlink(missing_ok=True)
+        self.launcher = launchers.get(self.launcher_name, **options)
+        channels = self.launcher.channels(self.run_dir)
         (self.run_dir / "run.json").write_text(json.dumps({
             "launcher": self.launcher_name, "agents": count, "jail": str(self.jail), "seed": self.env.get("GPUJAIL_SEED"),
-            "env": self.env, "coordinator": {"host": os.uname().nodename, "boot_id": boot_id()}}, indent=1))
+            "env": self.env, "channels": str(channels),
+            "coordinator": {"host": os.uname().nodename, "boot_id": boot_id()}}, indent=1))
         self._beat()
         threading.Thread(target=self._heartbeat, daemon=True, name="gpujail-heartbeat").start()
         threading.Thread(target=self._copy_histories, daemon=True, name="gpujail-histories").start()
-        self.launcher = launchers.get(self.launcher_name, **options)
         try:
             self.launcher.start(self.run_dir, count)
-            self.agents = [Agent(self, i) for i in range(count)]
+            self.agents = [Agent(self, i, channels) for i in range(count)]
             deadline = time.monotonic() + HELLO_TIMEOUT
             for a in self.agents:   # every agent up first: one still starting would slow the others' round trips
                 a.wait_hello(deadline)
