@@ -33,7 +33,8 @@ absolute times drift on shared machines. `--quick` repeats less (a smoke run, al
                from `gpujail run --launcher X` to cold-race's verdict, clock uncertainty at rendezvous
   jail-fs      legacy on cold-race with the jail on GlusterFS against local: caught n/20, median time
                to the first violation; reference starts/s, 16 workers, GlusterFS against local
-  cli-startup  one fake CLI start in a node, served and standalone, against `true`, `python3 -c pass`,
+  cli-startup  one fake CLI start in a node, forked by a bundled implementation, served and standalone,
+               against `true`, `python3 -c pass`,
                `python3 -S -c pass` (wall, machine CPU)
   start-parts  where one warm reference start's time goes (node up, implementation start-up, each
                CLI run, the node's own work); 16 workers with the warm paths against without,
@@ -449,30 +450,33 @@ def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     names = ["local"] + (["slurm"] if not launching.unavailable("slurm") else [])
     classes = {"none": kernel.Fleet, **{n: launching.fleet_class(n, agents=16, nodes="1") for n in names}}
     rows, raw = [], {}
-    rate, up, uncertainty, cpu, steady = {}, {}, {}, {}, {}
-    for name, cls in classes.items():
-        rates, ups, clocks, cpus, steadies = [], [], [], [], []
-        for rep in range(1 if quick else 3):
+    rates, ups, clocks, cpus, steadies = ({name: [] for name in classes} for _ in range(5))
+    for rep in range(1 if quick else 5):
+        for name, cls in classes.items():   # in turns: a machine whose speed drifts slows all alike
             jail = make_jail(tmp / f"jail-{name}-{rep}")
             t0 = time.monotonic()
             with cls.recording(jail, tmp / f"run-{name}-{rep}") as fleet:
-                ups.append(time.monotonic() - t0)
+                ups[name].append(time.monotonic() - t0)
                 assert start_worker(fleet, "prewarm", "reference").ready
+                quiet()
                 c0 = machine_cpu()
                 ready, wall = start_many(fleet, "reference", 16, "w")
-                cpus.append((machine_cpu() - c0) / 16)
-                clocks += [a.clock["uncertainty"] for a in getattr(fleet, "agents", [])]
+                cpus[name].append((machine_cpu() - c0) / 16)
+                rates[name].append(ready / wall)
+                clocks[name] += [a.clock["uncertainty"] for a in getattr(fleet, "agents", [])]
                 done, took = start_steadily(fleet, "reference", 16, 1.0 if quick else 5.0)
-                steadies.append(done / took)
-            rates.append(ready / wall)
-        rate[name], up[name], uncertainty[name], cpu[name] = median(rates), median(ups), clocks, median(cpus)
-        steady[name] = median(steadies)
-        raw[f"starts/{name}"] = {"starts_per_s": [round(r, 2) for r in rates], "steady_starts_per_s": steadies,
-                                 "fleet_up_s": [round(u, 3) for u in ups],
-                                 "clock_uncertainty_s": clocks}
+                steadies[name].append(done / took)
+    rate, up, cpu, steady = ({k: median(v) for k, v in d.items()} for d in (rates, ups, cpus, steadies))
+    uncertainty = clocks
+    for name in classes:
+        raw[f"starts/{name}"] = {"starts_per_s": [round(r, 2) for r in rates[name]],
+                                 "steady_starts_per_s": [round(r, 2) for r in steadies[name]],
+                                 "cpu_per_start_s": [round(c, 4) for c in cpus[name]],
+                                 "fleet_up_s": [round(u, 3) for u in ups[name]], "clock_uncertainty_s": clocks[name]}
     for name in names:
         base = "none" if name == "local" else "local"
-        rows.append(Row(f"starts/s, reference, warm, 16 workers, {name} launcher", f"{rate[name]:.1f}/s",
+        rows.append(Row(f"starts/s, reference, warm, 16 workers, {name} launcher",
+                        f"{rate[name]:.1f}/s ({min(rates[name]):.1f}-{max(rates[name]):.1f})",
                         f"{'kernel backend (no agents)' if base == 'none' else 'local launcher'} {rate[base]:.1f}/s",
                         ratio(rate[name], rate[base])))
         rows.append(Row(f"starts/s, reference, warm, 16 workers each restarted at once for 5 s, {name} launcher",
@@ -562,6 +566,17 @@ def jail_fs(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 
 # -- where one start's time goes, and the fake CLI's own start-up (issue 19) -----------------------------
 
+def quiet(limit: float = 5.0) -> None:
+    """Wait (up to `limit` seconds) until the machine is idle: what the last fleet left to end (its
+    nodes' namespaces torn down, its agents exiting) must not fall into the next measurement."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        c0 = machine_cpu()
+        time.sleep(0.1)
+        if machine_cpu() - c0 < 0.01:   # under 5% of 2 cores
+            return
+
+
 def machine_cpu() -> float:
     """CPU seconds the whole machine has been busy (/proc/stat: every process, the kernel's work
     included). A warm node is forked by a long-lived factory and the fake CLI by the node's PID 1,
@@ -571,20 +586,32 @@ def machine_cpu() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")   # all but idle and iowait
 
 
+FORKED_LOOP = """
+import sys
+from gpujail.backends import warm
+from gpujail.world import sysops
+sysops.run_without_exec = warm.run_cli_forked
+for _ in range(int(sys.argv[1])):
+    assert sysops.RealSys().run(["nvidia-container-cli", "--version"])[0] == 0
+"""
+
+
 def cli_startup(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     """One fake CLI start (`nvidia-container-cli --version`: start-up and exit, no driver needed) as
-    a worker makes it in a kernel-backend node: served (the bash client, the fake forked for it by
-    the node's CLI server) and standalone (the client runs the fake in an interpreter of its own,
-    as it does outside a node and under strace), against `true`, `python3 -c pass` and `python3 -S
-    -c pass`. Each command runs `runs` times in one start of the node, in turns, so that the load of
-    a shared machine falls on all alike: wall time per run, and the machine's CPU time per run."""
+    a worker makes it in a kernel-backend node: forked (by a bundled implementation forked warm:
+    its `sysops.run` forks the fake from itself, no client), served (a script's bash client, the
+    fake forked for it by the node's CLI server) and standalone (the client runs the fake in an
+    interpreter of its own, as it does outside a node and under strace), against `true`, `python3
+    -c pass` and `python3 -S -c pass`. Each command runs `runs` times in one start of the node, in
+    turns, so that the load of a shared machine falls on all alike: wall time per run, and the
+    machine's CPU time per run."""
     from gpujail.backends import warm
     runs = 10 if quick else 60
     commands = {"served": "nvidia-container-cli --version", "standalone": f"(unset {warm.CLI_SERVER_ENV}; "
                 "exec nvidia-container-cli --version)", "true": "true", "python3 -c pass": "python3 -c pass",
                 "python3 -S -c pass": "python3 -S -c pass"}
-    walls: dict[str, list[float]] = {k: [] for k in commands}
-    cpus: dict[str, list[float]] = {k: [] for k in commands}
+    walls: dict[str, list[float]] = {k: [] for k in [*commands, "forked"]}
+    cpus: dict[str, list[float]] = {k: [] for k in [*commands, "forked"]}
     with kernel.Fleet(make_jail(tmp / "jail"), {}) as fleet:
         node = fleet.start("cli")
         for _ in range(1 if quick else 3):
@@ -596,12 +623,23 @@ def cli_startup(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
                     raise RuntimeError(f"{name}: exit {r.code}: {r.stderr[-300:]}")
                 walls[name].append(r.duration / runs)
                 cpus[name].append((machine_cpu() - c0) / runs)
+            # forked: a bundled implementation's own run of the CLI (warm.run_cli_forked), from a
+            # Python loop in the node, less the same loop making no run (its interpreter's start-up)
+            took = {}
+            for n in (0, runs):
+                c0 = machine_cpu()
+                r = node.run([sys.executable, "-c", FORKED_LOOP, str(n)], env=node.contract_env())
+                if r.code != 0:
+                    raise RuntimeError(f"forked: exit {r.code}: {r.stderr[-300:]}")
+                took[n] = (r.duration, machine_cpu() - c0)
+            walls["forked"].append((took[runs][0] - took[0][0]) / runs)
+            cpus["forked"].append((took[runs][1] - took[0][1]) / runs)
     wall, cpu = {k: median(v) for k, v in walls.items()}, {k: median(v) for k, v in cpus.items()}
     rows = []
-    for way in ("served", "standalone"):
+    for way in ("forked", "served", "standalone"):
         for label, got in (("wall", wall), ("machine CPU", cpu)):
             rows.append(Row(f"one fake CLI start (--version) in a node, {way}, {label}", ms(got[way]),
-                            ", ".join(f"{k} {ms(got[k])}" for k in commands if k not in ("served", "standalone")),
+                            ", ".join(f"{k} {ms(got[k])}" for k in commands if k not in ("served", "standalone", "forked")),
                             ratio(got[way], got["python3 -c pass"])))
     return rows, {"wall_s": wall, "cpu_s": cpu, "runs": runs, "load": os.getloadavg()}
 
