@@ -11,11 +11,11 @@ exit status (`become`: the one copy of "be that process"):
 
 1. **Nodes.** `Factory` (harness side) keeps one factory per harness process, `python -m
    gpujail.backends.node --factory`, which has imported the node and everything a node runs and
-   forks a node per request (`factory_main`); the child enters the node's namespaces first, so
-   that the node's outer process, which only waits for its PID 1, runs nothing else. The node's
-   pipes travel to it over a unix socket (SCM_RIGHTS), and a pidfd of the node travels back: the
-   harness waits for and kills a node it did not fork itself. The PDEATHSIG chain stays whole:
-   harness thread, factory, node, its PID 1.
+   forks a node per request (`factory_main`). As root the child is born PID 1 of the node's PID
+   namespace (node.py `fork_node`); unprivileged it makes the user namespace first and stays
+   behind as the outer process that only waits for its PID 1. The node's pipes travel to it over a
+   unix socket (SCM_RIGHTS), and a pidfd of the node travels back: the harness waits for and kills
+   a node it did not fork itself. The PDEATHSIG chain stays whole: harness thread, factory, node.
 2. **Bundled implementations.** `python -S -m gpujail.reference_impl ...` (reference, legacy,
    direct, the mutants) runs in a child forked from its node (`warm_module`, `fork_start`).
 3. **The fake CLI.** A worker's `nvidia-container-cli` (fixtures/bin) is a bash client. In a node
