@@ -106,3 +106,33 @@ def test_a_partition_slurm_does_not_know_is_bad_input_in_one_line(tmp_path):
                         "name specified (--partition no-such-partition)\n"), r.stderr
     queue = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=30).stdout
     assert "gpujail-" not in queue, queue
+
+
+@pytest.mark.skipif(bool(NO_SLURM), reason=f"no Slurm cluster here ({NO_SLURM}); ./run-tests starts one as root")
+def test_a_step_slurm_keeps_queued_is_the_clusters_failure_and_leaves_no_job(tmp_path, monkeypatch):
+    """The agents' step goes to a partition that is down: Slurm accepts it and keeps it queued. At
+    the agents' deadline the run ends as the cluster's failure (LaunchFailed 'backend', exit 3) with
+    srun's line, and the queued job is cancelled: it has no agent that could report its id."""
+    from gpujail.fixtures.jail import make_jail
+
+    from gpujail.launchers import LaunchFailed, coordinator
+    partition = f"gpujail-held-{os.getpid()}"
+    node = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True, timeout=30).stdout.split()[0]
+    made = subprocess.run(["scontrol", "create", f"PartitionName={partition}", f"Nodes={node}", "State=DOWN"],
+                          capture_output=True, text=True, timeout=30)
+    assert made.returncode == 0, made.stderr
+    try:
+        monkeypatch.setattr(coordinator, "HELLO_TIMEOUT", 5.0)
+        fleet = launchers.fleet_class("slurm", agents=2, nodes="1", partition=partition).recording(
+            make_jail(tmp_path / "jail"), tmp_path / "run")
+        with pytest.raises(LaunchFailed) as failed:
+            fleet.__enter__()
+        assert failed.value.outcome == "backend"
+        assert str(failed.value).startswith("agent 0 did not start within 5 s: srun: job "), str(failed.value)
+        assert str(failed.value).endswith(" queued and waiting for resources"), str(failed.value)
+        assert fleet.leftovers() == []
+        queue = subprocess.run(["squeue", "-h", "-o", "%i %j", "-p", partition], capture_output=True, text=True,
+                               timeout=30).stdout
+        assert queue == "", queue
+    finally:
+        subprocess.run(["scontrol", "delete", f"PartitionName={partition}"], capture_output=True, timeout=30)

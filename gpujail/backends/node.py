@@ -722,10 +722,11 @@ def fork_node(cfg: dict) -> int:
     if _own_pid_ns is None:
         _own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     _unshare(CLONE_NEWPID)
+    pid = -1
     try:
         pid = os.fork()
     finally:
-        if os.getpid() != 1 and _libc.setns(_own_pid_ns, CLONE_NEWPID) != 0:
+        if pid != 0 and _libc.setns(_own_pid_ns, CLONE_NEWPID) != 0:   # the factory, also when fork failed
             e = ctypes.get_errno()
             raise OSError(e, f"setns back to the factory's PID namespace: {os.strerror(e)}")
     return pid

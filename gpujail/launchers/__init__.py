@@ -68,6 +68,11 @@ class Launcher:
         launcher may instead raise `LaunchFailed`, whose `outcome` then decides the run's exit code."""
         return None
 
+    def pending(self) -> str | None:
+        """What the launcher says while its agents have not started yet (a job waiting in a queue), or
+        None: said when the agents' deadline passes, which then is the cluster's failure."""
+        return None
+
     def stop(self, timeout: float = 10.0) -> None:
         """After the coordinator wrote DIR/stop: wait up to `timeout` for the agents to end, then end
         them by force. Must leave nothing running."""

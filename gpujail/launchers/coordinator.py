@@ -131,8 +131,13 @@ class Agent:
 
     def wait_hello(self, deadline: float) -> None:
         while not (self.dir / "agent.json").exists():
-            if (why := self.gone()) or time.monotonic() > deadline:
-                raise RuntimeError(why or f"agent {self.index} did not start within {HELLO_TIMEOUT:g} s")
+            if why := self.gone():
+                raise RuntimeError(why)
+            if time.monotonic() > deadline:
+                late = f"agent {self.index} did not start within {HELLO_TIMEOUT:g} s"
+                if waiting := self.fleet.launcher.pending():   # still in the cluster's queue
+                    raise launchers.LaunchFailed("backend", f"{late}: {waiting}")
+                raise RuntimeError(late)
             time.sleep(0.01)
         self.hello = json.loads((self.dir / "agent.json").read_text())
 

@@ -7,8 +7,10 @@ DIR` from the coordinator's machine (a login node): Slurm allocates N nodes and 
 each, its index in SLURM_PROCID. With fewer nodes than agents (`--nodes`, e.g. the one-host test
 cluster of scripts/slurm-cluster.sh) the step asks `--ntasks` agents on those nodes with
 `--overcommit`, several agents per node. srun's own output goes to DIR/srun.log. Stopping: the
-agents end when the coordinator writes DIR/stop and srun returns; past the timeout the job is
-cancelled by its id (which the agents report from SLURM_JOB_ID) and srun is killed.
+agents end when the coordinator writes DIR/stop and srun returns; past the timeout (at once for a
+step Slurm still keeps queued, whose agents never started) the job is cancelled by its name and
+srun is killed. A step still queued when the agents' deadline passes ends the run as the
+cluster's (exit 3), with srun's `queued and waiting for resources` line.
 
 Slurm's commands find the cluster as usual (slurm.conf, or SLURM_CONF in the environment).
 """
@@ -45,11 +47,16 @@ class Launcher(Base):
             return f"no Slurm controller answers (sinfo: {lines[-1] if lines else r.returncode})"
         return None
 
+    @staticmethod
+    def job_name(run_dir: Path) -> str:
+        """The step's job name: how this run finds its job before any agent reported its id."""
+        return f"gpujail-{run_dir.name}-{os.getpid()}"
+
     def argv(self, run_dir: Path, count: int) -> list[str]:
         nodes = int(self.options.get("nodes") or count)
         shape = (["--nodes", str(count), "--ntasks-per-node", "1"] if nodes >= count
                  else ["--nodes", str(nodes), "--ntasks", str(count), "--overcommit"])
-        return ["srun", f"--job-name=gpujail-{run_dir.name}-{os.getpid()}", *shape,
+        return ["srun", f"--job-name={self.job_name(run_dir)}", *shape,
                 *([f"--partition={self.options['partition']}"] if self.options.get("partition") else []),
                 *([f"--account={self.options['account']}"] if self.options.get("account") else []),
                 "--kill-on-bad-exit=1", "--", *agent_argv(run_dir)]
@@ -75,6 +82,15 @@ class Launcher(Base):
                                    + (f" (--{setting.group(1)} {self.options.get(setting.group(1))})" if setting else ""))
         return f"srun exited with code {self.proc.returncode}" + (f": {lines[-1]}" if lines else "")
 
+    def pending(self) -> str | None:
+        """srun's line while Slurm keeps the step queued (`job N queued and waiting for resources`)."""
+        try:
+            lines = (self.run_dir / "srun.log").read_text().splitlines()
+        except (AttributeError, FileNotFoundError):
+            return None
+        queued = [ln.strip() for ln in lines if "queued and waiting for resources" in ln]
+        return queued[-1] if queued else None
+
     def job_ids(self) -> set[str]:
         """The job ids the agents reported (SLURM_JOB_ID), from DIR/nodes/*/agent.json."""
         ids = set()
@@ -82,14 +98,19 @@ class Launcher(Base):
             ids.add(json.loads(hello.read_text()).get("slurm_job"))
         return ids - {None}
 
+    def _queue(self, *args: str) -> subprocess.CompletedProcess:
+        """squeue or scancel on this run's job, found by its name (a queued step has no agent to
+        report its id), as the user who submitted it."""
+        return subprocess.run([*args, f"--name={self.job_name(self.run_dir)}", f"--user={os.getuid()}"],
+                              capture_output=True, text=True, timeout=20)
+
     def stop(self, timeout: float = 10.0) -> None:
         if not hasattr(self, "proc"):
             return
-        try:
-            self.proc.wait(timeout=timeout)
+        try:   # agents that started end on DIR/stop; a step still queued never will: cancelled at once
+            self.proc.wait(timeout=timeout if self.job_ids() else 0.5)
         except subprocess.TimeoutExpired:
-            for job in self.job_ids():
-                subprocess.run(["scancel", job], capture_output=True, timeout=20)
+            self._queue("scancel")
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -97,12 +118,10 @@ class Launcher(Base):
                 self.proc.wait()
 
     def leftovers(self) -> list[str]:
-        ids = sorted(self.job_ids())
-        if not ids:
+        if not hasattr(self, "proc"):
             return []
         for _ in range(50):   # a finished job stays COMPLETING a moment while its steps are reaped
-            r = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(ids)], capture_output=True, text=True,
-                               timeout=20)
+            r = self._queue("squeue", "-h", "-o", "%i %T")
             jobs = [f"slurm job {ln}" for ln in r.stdout.splitlines() if ln.strip()]
             if not jobs:
                 return []
