@@ -502,7 +502,7 @@ def launchers(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
                                capture_output=True, text=True, timeout=900)
             times.append(time.monotonic() - t0)
             if r.returncode != EXIT["passed"]:
-                raise RuntimeError(f"gpujail run --launcher {name}: exit {r.returncode}: {r.stdout[-500:]}")
+                raise RuntimeError(f"gpujail run --launcher {name}: exit {r.returncode}: {r.stdout[-1500:]} {r.stderr[-1500:]}")
         verdict[name] = median(times)
         raw[f"verdict/{name}"] = {"seconds": [round(x, 2) for x in times]}
     for name in names:

@@ -180,6 +180,17 @@ def test_nothing_left_after_an_exception(tmp_path):
     assert host_mounts_under(tmp_path) == []
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="a mount namespace of the harness's own needs root")
+def test_the_harness_keeps_its_working_directory_after_its_own_mount_namespace(tmp_path, monkeypatch):
+    """setns(2) back from the private mount namespace the harness's gluster client lives in moves
+    the thread to the root directory: the working directory it had comes back (a relative path
+    given later, `chaos` or `reports`, names what it named before; `gpujail bench` found it)."""
+    monkeypatch.chdir(tmp_path)
+    with jailfs._own_mount_ns():
+        pass
+    assert os.getcwd() == str(tmp_path)
+
+
 def test_bad_jail_fs_is_exit_2_with_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpujail", "run", "--jail-fs", "nfs"], capture_output=True, text=True)
     assert r.returncode == EXIT["bad-input"]

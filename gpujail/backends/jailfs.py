@@ -422,6 +422,7 @@ def _own_mount_ns() -> Iterator[None]:
     thread goes back, unless threads it started still share its file system context: then it stays
     in the copy, whose own mounts are gone by then."""
     back = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY)
+    cwd = os.open(".", os.O_PATH | os.O_DIRECTORY)   # setns(2) moves the thread to the root: back here after
     try:
         if _libc.unshare(CLONE_NEWNS) != 0:
             e = ctypes.get_errno()
@@ -430,6 +431,8 @@ def _own_mount_ns() -> Iterator[None]:
         yield
     finally:
         _libc.setns(back, CLONE_NEWNS)
+        os.fchdir(cwd)
+        os.close(cwd)
         os.close(back)
 
 
