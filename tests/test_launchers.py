@@ -105,7 +105,7 @@ def test_a_partition_slurm_does_not_know_is_bad_input_in_one_line(tmp_path):
     assert r.stderr == ("gpujail: scenario cold-race: srun: Slurm cannot allocate the agents' step: Invalid partition "
                         "name specified (--partition no-such-partition)\n"), r.stderr
     queue = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=30).stdout
-    assert "gpujail-" not in queue, queue
+    assert "gpujail-run-" not in queue, queue   # (a test beside it may hold its own, gpujail-held-PID)
 
 
 @pytest.mark.skipif(bool(NO_SLURM), reason=f"no Slurm cluster here ({NO_SLURM}); ./run-tests starts one as root")
@@ -124,7 +124,7 @@ def test_a_step_slurm_keeps_queued_is_the_clusters_failure_and_leaves_no_job(tmp
     try:
         monkeypatch.setattr(coordinator, "HELLO_TIMEOUT", 5.0)
         fleet = launchers.fleet_class("slurm", agents=2, nodes="1", partition=partition).recording(
-            make_jail(tmp_path / "jail"), tmp_path / "run")
+            make_jail(tmp_path / "jail"), tmp_path / "held")   # its job, gpujail-held-PID, is no other test's
         with pytest.raises(LaunchFailed) as failed:
             fleet.__enter__()
         assert failed.value.outcome == "backend"
