@@ -121,6 +121,15 @@ def _stream(fd: int, mode: str, **kw):
     return open(fd, mode, encoding="utf-8", closefd=False, **kw)
 
 
+def _streams(out_w: int, err_w: int) -> None:
+    """In a child just forked: stdin /dev/null, stdout and stderr the given pipes' write ends, as
+    Popen(stdin=DEVNULL, stdout=PIPE, stderr=PIPE) gives them."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((null, 0), (out_w, 1), (err_w, 2)):
+        os.dup2(fd, target)
+    os.close(null)
+
+
 def _close(*fds) -> None:
     for fd in fds:
         if fd is not None:
@@ -202,10 +211,8 @@ def fork_start(module: str, argv: list[str], env: dict, cwd: str) -> Forked:
         try:
             os.setsid()
             os.chdir(cwd)
-            null = os.open(os.devnull, os.O_RDONLY)
-            for fd, target in ((null, 0), (out_w, 1), (err_w, 2)):
-                os.dup2(fd, target)
-            _close(null, out_r, out_w, err_r, err_w)
+            _streams(out_w, err_w)
+            _close(out_r, out_w, err_r, err_w)
         finally:
             sysops.run_without_exec = run_cli_forked   # (3): its own runs of the bundled CLI
             become([argv[0], *argv[4:]], env, lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
@@ -357,9 +364,7 @@ def run_cli_forked(argv: list[str], timeout: float | None) -> tuple[int, str, st
     pid = os.fork()
     if pid == 0:
         try:
-            null = os.open(os.devnull, os.O_RDONLY)
-            for fd, target in ((null, 0), (out_w, 1), (err_w, 2)):
-                os.dup2(fd, target)
+            _streams(out_w, err_w)
             os.closerange(3, os.sysconf("SC_OPEN_MAX"))   # as subprocess's close_fds: no lock of ours held
             history.reopen()
         finally:

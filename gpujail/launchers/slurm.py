@@ -84,10 +84,7 @@ class Launcher(Base):
 
     def pending(self) -> str | None:
         """srun's line while Slurm keeps the step queued (`job N queued and waiting for resources`)."""
-        try:
-            lines = (self.run_dir / "srun.log").read_text().splitlines()
-        except (AttributeError, FileNotFoundError):
-            return None
+        lines = (self.run_dir / "srun.log").read_text().splitlines()
         queued = [ln.strip() for ln in lines if "queued and waiting for resources" in ln]
         return queued[-1] if queued else None
 
