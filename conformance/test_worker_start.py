@@ -32,6 +32,8 @@ from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 
 from gpujail.backends import kernel
+from gpujail.contract import BUNDLED
+from gpujail.world.failpoints import Barrier
 
 pytestmark = pytest.mark.kernel
 LOCK = "etc/complement_jail_gpu_placeholders.lock"
@@ -123,15 +125,11 @@ def test_later_lock_holder_rechecks(world):
     """REF-5 re-check: a worker that queued on the lock while an earlier holder created every
     marker must find them present under the lock and create nothing (the seed's third e2e path)."""
     # learn the markers an earlier holder would create
+    before = jail_image.snapshot(world.jail)
     assert (probe := world.start("probe-driver")).ready, not_ready("REF-5", probe)
-    created = {rel: v for rel, v in jail_image.snapshot(world.jail).items()}
     jail2 = world.jail
     # Remove the markers, hold the lock, let a worker queue on it, then put them back ourselves.
-    markers = [rel for rel, (mode, size, _) in created.items() if stat.S_ISREG(mode) and 0 < size < MARKER_MAX
-               and not rel.startswith("etc/")]
-    saved = {rel: ((jail2 / rel).read_bytes(), os.stat(jail2 / rel).st_mode) for rel in markers}
-    for rel in markers:
-        (jail2 / rel).unlink()
+    saved = _remove_markers(jail2, before)
     result = {}
     with open(jail2 / LOCK, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -154,6 +152,58 @@ def test_later_lock_holder_rechecks(world):
     now = {rel: os.stat(jail2 / rel).st_mtime_ns for rel in saved}
     assert now == mtimes, (f"REF-5: worker queued on the lock rewrote markers an earlier holder had created, instead of "
                            f"re-checking under the lock: {sorted(rel for rel in saved if now[rel] != mtimes[rel])}")
+
+
+@pytest.mark.req("REF-5", "REF-3")
+@pytest.mark.parametrize("theirs", ["whole", "0-byte"])
+def test_marker_created_meanwhile_by_a_node_the_lock_did_not_stop(world, impl, theirs):
+    """REF-5 amended: a lock that did not serialise this node with another (node-local locks, a
+    lease lost on a network filesystem) lets the other node create a target between this node's
+    re-check and its exclusive create. The create's EEXIST is no error: the target is re-checked as
+    REF-3 does, a whole marker accepted as it is, a 0-byte one (the other node's create, not yet
+    written) filled in place. Timed with the `ref.before_marker` failpoint: the worker pauses before
+    its first create, and the other node's markers appear at every target, its own included."""
+    before = jail_image.snapshot(world.jail)
+    assert (probe := world.start("probe-driver")).ready, not_ready("REF-5", probe)
+    saved = _remove_markers(world.jail, before)
+    barrier = Barrier("meanwhile", world.barriers)
+    result = {}
+    env = {"GPUJAIL_FAILPOINTS": "ref.before_marker=1*pause(meanwhile)"}
+    t = threading.Thread(target=lambda: result.setdefault("w", world.start("w", env=env)))
+    t.start()
+    while barrier.arrivals() == 0 and t.is_alive():
+        time.sleep(0.002)
+    if barrier.arrivals() == 0:
+        t.join()
+        if impl not in BUNDLED and not impl.startswith("mutant:"):
+            pytest.skip(f"{impl!r} has no ref.before_marker failpoint to time the race with (CONTRACT.md: gpujail-failpoint)")
+        pytest.fail(f"REF-5: worker w never reached the failpoint before its first marker create (exit "
+                    f"{result['w'].attempts[-1].code}): it creates no markers")
+    for rel, (data, mode) in saved.items():   # the other node's markers, written through the shared jail
+        (world.jail / rel).write_bytes(data if theirs == "whole" else b"")
+        os.chmod(world.jail / rel, stat.S_IMODE(mode))
+    inodes = {rel: os.stat(world.jail / rel).st_ino for rel in saved}
+    barrier.release()
+    t.join()
+    w = result["w"]
+    assert w.ready, not_ready(f"REF-5: its exclusive create met the other node's {theirs} marker", w)
+    now = {rel: os.stat(world.jail / rel).st_ino for rel in saved}
+    assert now == inodes, (f"REF-5: worker w replaced the other node's {theirs} markers instead of re-checking them: "
+                           f"{sorted(rel for rel in saved if now[rel] != inodes[rel])}")
+    empty = sorted(rel for rel in saved if os.stat(world.jail / rel).st_size == 0)
+    assert not empty, f"REF-3: worker w left the other node's 0-byte placeholders unfilled: {empty}"
+    assert (gone := lost(w, world.jail)) == [], lost_files("REF-5", w, gone, world.jail)
+
+
+def _remove_markers(jail, before: dict) -> dict[str, tuple[bytes, int]]:
+    """The markers a worker created in `jail` since the snapshot `before` (not etc/), removed; their
+    content and modes returned."""
+    markers = [rel for rel, (mode, size, _) in jail_image.snapshot(jail).items() if rel not in before
+               and stat.S_ISREG(mode) and 0 < size < MARKER_MAX and not rel.startswith("etc/")]
+    saved = {rel: ((jail / rel).read_bytes(), os.stat(jail / rel).st_mode) for rel in markers}
+    for rel in markers:
+        (jail / rel).unlink()
+    return saved
 
 
 @pytest.mark.req("REF-5")

@@ -39,11 +39,16 @@ REQUIREMENTS = {
     "INV-4": "no lock on warm starts",
     "INV-5": "honest readiness",
     "INV-6": "no host residue",
+    "CDI-1": "CDI path: `nvidia-ctk cdi generate`'s spec (mounts, device nodes, hooks)",
+    "CDI-2": "CDI path: the runtime creates missing mount targets (0-byte files) and never removes them",
+    "CDI-3": "CDI path: `nvidia-cdi-hook create-symlinks` replaces whatever is at each link",
+    "CDI-4": "CDI path: `nvidia-cdi-hook update-ldcache` rewrites the root's shared cache on every start",
 }
 
 # Requirements SPEC.md defines that no test checks yet, with what will build them: reports list
 # them as pending (never as passed), and a self-test fails once a test cites one still listed here.
-PENDING: dict[str, str] = {}
+PENDING: dict[str, str] = {rid: "issue 27: the CDI path's fakes and scenarios are not built yet"
+                           for rid in ("CDI-1", "CDI-2", "CDI-3", "CDI-4")}
 
 # The chaos checker's invariants (SPEC section 6), by their short names.
 INVARIANTS = {"INV-1": "no lost content", "INV-2": "convergence", "INV-3": "jail hygiene",

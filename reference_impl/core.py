@@ -257,9 +257,21 @@ def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> None:
         if not needs_marker(ctx, rel):
             continue   # an earlier lock holder created or filled it
         try:
-            mode = ctx.sys.stat(host_path).st_mode
+            mode = stat.S_IMODE(ctx.sys.stat(host_path).st_mode)
         except OSError as e:
             raise Fatal("bad-input", f"listed host file {host_path}: {e.strerror}") from None
+        place_marker(ctx, rel, mode)
+
+
+def place_marker(ctx: Ctx, rel: str, mode: int, attempts: int = 3) -> None:
+    """One target of REF-5: a marker created exclusively, or written into an old 0-byte placeholder.
+
+    The lock serialises only the nodes it reaches: with node-local locks, or a lease lost on a
+    network filesystem, another node can create the target between our re-check and our exclusive
+    create. EEXIST is then no error (REF-5): the target is re-checked as REF-3 does, so a non-empty
+    placeholder is accepted and a 0-byte one (that node's create, not yet written) is filled in place.
+    Both nodes write the same marker at offset 0 with the same mode, so the race is harmless."""
+    for _ in range(attempts):
         if rel in ctx.sonames and _is_link(ctx, rel):
             # REF-12: ldconfig's soname link becomes a marker. A symlink carries no mount (every
             # implementation of REF-12 replaces it under this lock before mounting), so removing
@@ -269,15 +281,22 @@ def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> None:
             except FileNotFoundError:
                 pass
         elif _stat_beneath(ctx, rel) is not None:
-            fill_in_place(ctx, rel, stat.S_IMODE(mode))
-            continue
+            if needs_marker(ctx, rel):
+                fill_in_place(ctx, rel, mode)
+            return
         make_parents(ctx, rel)
         failpoints.hit("ref.before_marker", path=rel)
         try:
-            ctx.sys.write_new_beneath(ctx.jail, rel, MARKER, stat.S_IMODE(mode))
+            ctx.sys.write_new_beneath(ctx.jail, rel, MARKER, mode)
+        except FileExistsError:
+            history.record("impl.marker.exists", path=rel)   # another node's, meanwhile: re-check
+            continue
         except OSError as e:
             raise Fatal("jail-write-failed", f"cannot create marker {ctx.jail}/{rel}: {e.strerror}") from None
-        history.record("impl.marker", path=rel, mode=oct(stat.S_IMODE(mode)))
+        history.record("impl.marker", path=rel, mode=oct(mode))
+        return
+    raise Fatal("jail-write-failed", f"cannot create marker {ctx.jail}/{rel}: it appeared and went {attempts} "
+                                     "times under the lock (do other nodes' locks serialise with ours?)")
 
 
 def fill_in_place(ctx: Ctx, rel: str, mode: int) -> None:

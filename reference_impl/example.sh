@@ -129,38 +129,60 @@ missing() {
     done
 }
 
-# REF-5: markers for what is still missing, under the lock.
+# A test hook: the suite's failpoints (`gpujail failpoints`), inert unless GPUJAIL_FAILPOINTS arms
+# NAME; then `gpujail-failpoint` (on PATH beside the fake CLI) may pause, fail or kill this shell.
+# A vendor script may keep it to let the suite time its races, or drop it.
+failpoint() { # failpoint NAME PATH (hits are counted per process, as in the suite's own code)
+    case ";${GPUJAIL_FAILPOINTS:-}" in *";$1="*) ;; *) return 0 ;; esac
+    fp_hits=$((${fp_hits:-0} + 1))
+    gpujail-failpoint "$1" "$fp_hits" "$2" || die 8 "failpoint $1 at $JAIL/$2: injected error"
+}
+
+# REF-5: the marker for one target, in the current directory (`enter_dir` made it the target's):
+# created exclusively (noclobber: O_EXCL), or written into an old 0-byte placeholder in place (dd:
+# no O_CREAT, no O_TRUNC, not through a symlink), never unlinked or renamed: other nodes may have
+# live mounts on that inode. A lock that did not serialise us with another node (node-local locks,
+# a lost lease on a network filesystem) lets that node create the target between our check and our
+# create: then the create fails, and the target is checked again as REF-3 does, never removed.
+place_marker() { # place_marker REL MODE
+    f=./${1##*/}
+    for _ in 1 2 3; do
+        if is_soname "$1" && [ -L "$f" ]; then
+            # REF-12: ldconfig's soname link becomes a marker. A symlink carries no mount (every
+            # implementation of REF-12 replaces it under this lock before mounting over it).
+            rm -f -- "$f" || die 8 "cannot remove the soname link $JAIL/$1"
+        elif [ -e "$f" ] || [ -L "$f" ]; then
+            needs_marker "$f" || return 0           # another node's marker (or a directory): accepted
+            printf 'nvidia-placeholder-marker\n' | dd of="$f" conv=notrunc,nocreat oflag=nofollow status=none 2>/dev/null &&
+                [ -s "$f" ] || die 8 "cannot write the marker into the 0-byte placeholder $JAIL/$1"
+            chmod "$2" -- "$f" || die 8 "cannot chmod marker $JAIL/$1"
+            return 0
+        fi
+        failpoint ref.before_marker "$1"
+        if ( set -C; printf 'nvidia-placeholder-marker\n' > "$f" ) 2>/dev/null; then
+            # Ours (O_EXCL): never leave it truncated, an empty file is what a failing CLI deletes
+            # from under other workers' mounts.
+            if [ "$(stat -c %s -- "$f")" -ne 26 ]; then
+                [ "$(stat -c %s -- "$f")" -ge 26 ] || rm -f -- "$f"
+                die 8 "cannot write marker $JAIL/$1: full jail"
+            fi
+            chmod "$2" -- "$f" || die 8 "cannot chmod marker $JAIL/$1"
+            return 0
+        fi
+        [ -e "$f" ] || [ -L "$f" ] || die 8 "cannot create marker $JAIL/$1: read-only or full jail"
+    done
+    die 8 "cannot create marker $JAIL/$1: it appeared and went 3 times under the lock (do other nodes' locks serialise with ours?)"
+}
+
+# REF-5: markers for what is still missing, under the lock (re-checked: an earlier holder may have
+# created them).
 create_markers() {
     printf '%s\n' "$1" | while IFS='	' read -r host rel; do
         [ -n "$host" ] || continue
-        dir=${rel%/*}
-        f=./${rel##*/}
-        if is_soname "$rel" && [ -L "$JAIL/$rel" ]; then
-            # REF-12: ldconfig's soname link becomes a marker. A symlink carries no mount (every
-            # implementation of REF-12 replaces it under this lock before mounting over it).
-            enter_dir "$dir" || die 7 "cannot enter $JAIL/$dir"
-            rm -f -- "$f" || die 8 "cannot remove the soname link $JAIL/$rel"
-        fi
-        needs_marker "$JAIL/$rel" || continue      # an earlier lock holder created or filled it
+        needs_marker "$JAIL/$rel" || { is_soname "$rel" && [ -L "$JAIL/$rel" ]; } || continue
         mode=$(stat -L -c %a -- "$host" 2>/dev/null) || die 2 "listed host file $host does not exist"
-        enter_dir "$dir" create || die 7 "cannot enter $JAIL/$dir"
-        if [ -f "$f" ] && [ ! -L "$f" ]; then
-            # REF-3: an old 0-byte placeholder: write the marker into it in place (dd: no O_CREAT,
-            # no O_TRUNC, not through a symlink), never unlink or rename it: other nodes may have
-            # live mounts on this inode.
-            printf 'nvidia-placeholder-marker\n' | dd of="$f" conv=notrunc,nocreat oflag=nofollow status=none 2>/dev/null &&
-                [ -s "$f" ] || die 8 "cannot write the marker into the 0-byte placeholder $JAIL/$rel"
-            chmod "$mode" -- "$f" || die 8 "cannot chmod marker $JAIL/$rel"
-            continue
-        fi
-        if ! ( set -C; printf 'nvidia-placeholder-marker\n' > "$f" ) 2>/dev/null ||
-                [ "$(stat -c %s -- "$f")" -ne 26 ]; then
-            # Never leave a truncated marker: an empty file is what a failing CLI deletes from
-            # under other workers' mounts. Remove it only if it is ours (not a symlink, < 26 bytes).
-            [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %s -- "$f")" -lt 26 ] && rm -f -- "$f"
-            die 8 "cannot create marker $JAIL/$rel: read-only or full jail"
-        fi
-        chmod "$mode" -- "$f" || die 8 "cannot chmod marker $JAIL/$rel"
+        enter_dir "${rel%/*}" create || die 7 "cannot enter $JAIL/${rel%/*}"
+        place_marker "$rel" "$mode"
     done
 }
 

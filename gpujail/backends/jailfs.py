@@ -36,7 +36,7 @@ Kinds (KINDS):
   over itself: shared data, but `flock` serialises only within one view (a lock that is only
   node-local, like NFS with `local_lock=all`). The harness uses the directory itself.
 
-`provide(..., cache_timeout=0)` makes the nodes' GlusterFS clients revalidate at every lookup (the
+`provide(..., cache_timeout=0)` makes the nodes' GlusterFS clients and bindfs views revalidate at every lookup (the
 suites' choice, CHAOS_CACHE_TIMEOUT). `fleet_class(kernel.Fleet, kind, faults)` is the Fleet the
 suites use: the file system around each fleet's life, each node started from its client's
 namespace, and the scenario's network faults (`NetFault`) injected and recorded in the history.
@@ -488,6 +488,8 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
                     fs._gluster("volume", "set", fs.volume, "performance.md-cache-timeout", str(int(cache_timeout)))
             elif kind == "nodelocal-locks":
                 fs._mount_cmd = ["bindfs", "-o", "fsname=gpujail-jailfs", str(jail), str(jail)]
+                if cache_timeout is not None:   # libfuse's own caches: a remote unlink detaches at the next lookup (K-2)
+                    fs._mount_cmd[2] += f",entry_timeout={cache_timeout:g},attr_timeout={cache_timeout:g}"
             if kind != "local" and nodes:
                 with ThreadPoolExecutor(max_workers=8) as pool:   # clients mount in parallel
                     list(pool.map(fs.node_options, nodes))

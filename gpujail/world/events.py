@@ -174,6 +174,9 @@ _kind("impl.lock.released", "reference_impl/core.py", "lock:str", "it released t
 _kind("impl.marker", "reference_impl/core.py", "path:str mode:str in_place:bool?",
       "it created a marker placeholder (non-empty, < 64 bytes, REF-5) with the host file's mode "
       "(in_place: written into an old 0-byte placeholder, REF-3)")
+_kind("impl.marker.exists", "reference_impl/core.py", "path:str",
+      "its exclusive create of a marker met an existing target (a lock that did not serialise it with "
+      "the creator, REF-5): it re-checks that target instead of failing")
 _kind("impl.mount", "reference_impl/reference.py reference_impl/direct.py", "src:str dst:str",
       "the implementation bind-mounted a host file itself (`direct`: every file; `reference`: its sonames, REF-12)")
 _kind("impl.verified", "reference_impl/core.py", "mounts:int", "the CLI's mounts are verified (REF-7)")

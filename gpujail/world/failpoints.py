@@ -203,6 +203,17 @@ def hit(name: str, **context) -> None:
         raise OSError(code, os.strerror(code), context.get("path"))
 
 
+def replay_hit(name: str, nth: int, **context) -> None:
+    """Hit `name` as the `nth` hit of a process that cannot keep the counts itself (a shell script,
+    through fixtures/bin/gpujail-failpoint): the earlier hits are evaluated silently first, so N*
+    counts and P% draws come out as they would in one long-lived process."""
+    fp = current().armed().get(name)
+    for _ in range(nth - 1 if fp else 0):
+        fp.hits += 1
+        _current_term(fp)
+    hit(name, **context)
+
+
 def _current_term(fp: Failpoint) -> Term | None:
     """gofail's terms.eval: the first term of the chain whose mods allow this hit."""
     for term in fp.terms:
