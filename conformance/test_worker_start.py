@@ -96,6 +96,18 @@ def test_no_empty_placeholder_after_cold_start(world):
                            f"(one per file configure mounts)")
 
 
+@pytest.mark.req("REF-7", "REF-11")
+def test_jail_named_through_a_symlink(world, tmp_path):
+    """Clusters name shared filesystems through symlinks (`/scratch -> /lustre/scratch`), and the
+    contract's GPUJAIL_JAIL may be one. mountinfo lists mount points by their resolved paths, so a
+    start that compares them with the unresolved name finds none of the CLI's mounts."""
+    alias = tmp_path / "scratch"
+    alias.symlink_to(world.jail, target_is_directory=True)
+    w = world.start("w", env={"GPUJAIL_JAIL": str(alias)})
+    assert w.ready, not_ready(f"REF-7 (GPUJAIL_JAIL={alias}, a symlink to the jail)", w)
+    assert (gone := lost(w, world.jail)) == [], lost_files("REF-7", w, gone, world.jail)
+
+
 @pytest.mark.req("REF-4")
 def test_warm_start_takes_no_lock_and_creates_nothing(world):
     """On a fully populated jail a start creates nothing and does not wait for the placeholder

@@ -50,7 +50,7 @@ def start(found, sysops, environ: Mapping[str, str] | None, action: str = "start
     try:
         ctx = core.Ctx.from_env(sysops, name, environ)
     except ValueError:
-        print(f"{name}: GPUJAIL_LOCK_TIMEOUT: not a number of seconds", file=sys.stderr)
+        print(f"{name}: GPUJAIL_LOCK_TIMEOUT: not a finite number of seconds", file=sys.stderr)
         return core.EXIT["bad-input"]
     return execute(impl, name, action, ctx)
 

@@ -64,11 +64,14 @@ class Ctx:
         """From the contract's environment (`environ`, default this process's: the model backend
         passes each simulated worker's own)."""
         env = os.environ if environ is None else environ
-        jail = env.get("GPUJAIL_JAIL") or os.getcwd()
-        return cls(sysops, os.path.abspath(jail), env.get("GPUJAIL_NODE", "?"),
-                   env.get("GPUJAIL_ROLE", "gpu-worker"),
-                   env.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
-                   lock_timeout=float(env.get("GPUJAIL_LOCK_TIMEOUT", "120")), name=name)
+        # REF-7: resolved once, here. Clusters name shared filesystems through symlinks (/scratch ->
+        # /lustre/scratch), and mountinfo lists the mount points by their resolved paths.
+        jail = sysops.realpath(os.path.abspath(env.get("GPUJAIL_JAIL") or os.getcwd()))
+        timeout = float(env.get("GPUJAIL_LOCK_TIMEOUT", "120"))
+        if not 0 <= timeout < float("inf"):   # inf waits forever, nan compares false to everything
+            raise ValueError(timeout)
+        return cls(sysops, jail, env.get("GPUJAIL_NODE", "?"), env.get("GPUJAIL_ROLE", "gpu-worker"),
+                   env.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"), lock_timeout=timeout, name=name)
 
     def cli_flags(self) -> list[str]:
         """NVIDIA_DRIVER_CAPABILITIES (e.g. "compute,utility" or "all") as configure flags."""

@@ -33,6 +33,9 @@ die() { # die CODE MESSAGE: one line on stderr, exit codes as reference_impl/cor
     exit "$1"
 }
 
+case $TIMEOUT in   # flock -w takes a finite number of seconds; anything else is bad input, said once
+    ''|.|*[!0-9.]*|*.*.*) die 2 "GPUJAIL_LOCK_TIMEOUT: not a finite number of seconds: '$TIMEOUT'" ;;
+esac
 case "${GPUJAIL_ROLE:-gpu-worker}" in
     gpu-worker|cpu-worker|login) ;;
     *) die 2 "GPUJAIL_ROLE: unknown role '${GPUJAIL_ROLE}' (expected gpu-worker, cpu-worker or login)" ;;

@@ -70,3 +70,20 @@ def test_restart_policy(fleet, jail, tmp_path):
     assert w.ready and [a.code for a in w.attempts] == [1, 1, 0]
     assert len(events(fleet, "worker.restart")) == 2
     assert len(events(fleet, "node.up")) == 3
+
+
+@pytest.mark.parametrize("impl", ["reference", "direct", "example-shell"])
+@pytest.mark.parametrize("timeout", ["inf", "nan", "-1", "soon"])
+def test_lock_timeout_that_is_no_bound_is_bad_input(fleet, jail, impl, timeout):
+    """GPUJAIL_LOCK_TIMEOUT bounds the bundled implementations' lock waits: a value that bounds
+    nothing (inf, nan, negative, not a number) is bad input, one line naming the variable and exit 2,
+    before anything is written; also with the lock held by someone else (no traceback, no hang)."""
+    import fcntl
+    (jail / core.LOCK).touch()
+    with open(jail / core.LOCK) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        node = fleet.start("w")
+        r = node.run(command_for(impl, str(jail), "w", "gpu-worker"),
+                     env=node.contract_env(extra={"GPUJAIL_LOCK_TIMEOUT": timeout}), timeout=30)
+    lines = r.stderr.strip().splitlines()
+    assert (r.code, len(lines)) == (2, 1) and "GPUJAIL_LOCK_TIMEOUT" in lines[0], (r.code, r.stderr)
