@@ -165,8 +165,10 @@ def _program_problem(word: str) -> str | None:
     from gpujail.contract import BUNDLED
     if "{" in word:
         return None
-    if "/" not in word:
-        return None if shutil.which(word) else (f"{word} is neither a bundled implementation "
+    if "/" not in word:   # the workers' PATH starts with the fake CLI's directory and the suite's wrappers
+        from gpujail.fixtures import BIN
+        found = shutil.which(word) or shutil.which(word, path=str(BIN))
+        return None if found else (f"{word} is neither a bundled implementation "
                                                 f"({', '.join(BUNDLED)}, mutant:NAME) nor a command on PATH")
     problem = _file_problem(word, "program", os.X_OK)
     if problem:

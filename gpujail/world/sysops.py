@@ -204,13 +204,19 @@ class RealSys:
         os.close(fd)
 
     # -- confined to a root (SPEC REF-11) -------------------------------------------------------
+    _openat2_refused = False   # ENOSYS or EPERM once: this kernel or seccomp profile has no openat2
+
     def _openat2(self, root: str, rel: str, flags: int, mode: int = 0) -> int:
         rootfd = os.open(root, O_PATH | os.O_DIRECTORY)
         try:
-            how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-            fd = _libc.syscall(_SYS_OPENAT2, rootfd, rel.encode(), ctypes.byref(how), ctypes.sizeof(how))
-            _check(fd, "openat2", os.path.join(root, rel))
-            return fd
+            if not RealSys._openat2_refused:
+                how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+                fd = _libc.syscall(_SYS_OPENAT2, rootfd, rel.encode(), ctypes.byref(how), ctypes.sizeof(how))
+                if fd >= 0 or ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM):
+                    _check(fd, "openat2", os.path.join(root, rel))
+                    return fd
+                RealSys._openat2_refused = True
+            return open_in_root(rootfd, rel, flags, mode)
         finally:
             os.close(rootfd)
 
@@ -327,6 +333,62 @@ class RealSys:
         except FileNotFoundError:
             return 127, "", f"{argv[0]}: command not found\n"
         return p.returncode, p.stdout, p.stderr
+
+
+def open_in_root(rootfd: int, rel: str, flags: int, mode: int = 0) -> int:
+    """openat2(RESOLVE_IN_ROOT) done by hand (SPEC REF-11), where the kernel has no openat2 (before
+    5.6, e.g. RHEL 8's 4.18) or a seccomp profile refuses it: one component at a time from the
+    root's descriptor, and the kernel never follows a symlink (O_NOFOLLOW at every step). Each link
+    is read and its target walked again from where it sits, an absolute one from the root, and `..`
+    stops at the root, as in a chroot: whatever the jail holds or gains meanwhile, the result lies
+    beneath the root. The last component is opened with `flags` (O_CREAT included) and followed
+    unless `flags` has O_NOFOLLOW."""
+    if not rel:
+        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), rel)   # as openat2: no empty path
+    todo = [c for c in reversed(rel.split("/")) if c not in ("", ".")]   # a stack: a link pushes its target
+    dirs = [os.dup(rootfd)]   # the directories walked, from the root down: `..` pops one
+    links = 0
+    try:
+        while todo:
+            name = todo.pop()
+            if name == "..":
+                if len(dirs) > 1:
+                    os.close(dirs.pop())
+                continue
+            last = not todo
+            try:
+                fd = os.open(name, (flags if last else O_PATH) | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dirs[-1])
+            except OSError as e:   # the last component is a symlink that flags want followed:
+                # ELOOP, or ENOTDIR with O_DIRECTORY (O_NOFOLLOW made the link itself the candidate)
+                if not (last and e.errno in (errno.ELOOP, errno.ENOTDIR) and not flags & os.O_NOFOLLOW
+                        and _is_link(name, dirs[-1])):
+                    raise
+            else:
+                if (last and flags & os.O_NOFOLLOW) or not statmod.S_ISLNK(os.fstat(fd).st_mode):
+                    if last:
+                        return fd
+                    dirs.append(fd)   # a file that is no directory: the next open says ENOTDIR
+                    continue
+                os.close(fd)          # O_PATH opened the link itself: follow it by hand
+            links += 1
+            if links > _MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel)
+            link = os.readlink(name, dir_fd=dirs[-1])
+            if link.startswith("/"):
+                while len(dirs) > 1:
+                    os.close(dirs.pop())
+            todo.extend(c for c in reversed(link.split("/")) if c not in ("", "."))
+        return os.open(".", flags | os.O_CLOEXEC, mode, dir_fd=dirs[-1])   # the root, or `..` last
+    finally:
+        for d in dirs:
+            os.close(d)
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return statmod.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def resolve_in_root(sys, root: str, path: str) -> str:
