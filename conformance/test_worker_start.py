@@ -178,19 +178,7 @@ def test_marker_created_meanwhile_by_a_node_the_lock_did_not_stop(world, impl, t
     before = jail_image.snapshot(world.jail)
     assert (probe := world.start("probe-driver")).ready, not_ready("REF-5", probe)
     saved = _remove_markers(world.jail, before)
-    barrier = Barrier("meanwhile", world.barriers)
-    result = {}
-    env = {"GPUJAIL_FAILPOINTS": "ref.before_marker=1*pause(meanwhile)"}
-    t = threading.Thread(target=lambda: result.setdefault("w", world.start("w", env=env)))
-    t.start()
-    while barrier.arrivals() == 0 and t.is_alive():
-        time.sleep(0.002)
-    if barrier.arrivals() == 0:
-        t.join()
-        if impl not in BUNDLED and not impl.startswith("mutant:"):
-            pytest.skip(f"{impl!r} has no ref.before_marker failpoint to time the race with (CONTRACT.md: gpujail-failpoint)")
-        pytest.fail(f"REF-5: worker w never reached the failpoint before its first marker create (exit "
-                    f"{result['w'].attempts[-1].code}): it creates no markers")
+    barrier, t, result = paused_at(world, impl, "ref.before_marker", "REF-5", "before its first marker create")
     for rel, (data, mode) in saved.items():   # the other node's markers, written through the shared jail
         (world.jail / rel).write_bytes(data if theirs == "whole" else b"")
         os.chmod(world.jail / rel, stat.S_IMODE(mode))
@@ -205,6 +193,44 @@ def test_marker_created_meanwhile_by_a_node_the_lock_did_not_stop(world, impl, t
     empty = sorted(rel for rel in saved if os.stat(world.jail / rel).st_size == 0)
     assert not empty, f"REF-3: worker w left the other node's 0-byte placeholders unfilled: {empty}"
     assert (gone := lost(w, world.jail)) == [], lost_files("REF-5", w, gone, world.jail)
+
+
+def paused_at(world, impl, failpoint: str, req: str, where: str):
+    """Start worker w paused at the first hit of `failpoint` (a barrier of the same name): the
+    barrier, the thread that runs the start and the dict its Worker lands in ("w"). An
+    implementation that never got there: skipped when it is a command without that failpoint (a
+    vendor's script may call gpujail-failpoint: CONTRACT.md), failed when it is a bundled one."""
+    name = failpoint.split(".")[-1]
+    barrier, result = Barrier(name, world.barriers), {}
+    env = {"GPUJAIL_FAILPOINTS": f"{failpoint}=1*pause({name})"}
+    t = threading.Thread(target=lambda: result.setdefault("w", world.start("w", env=env)))
+    t.start()
+    while barrier.arrivals() == 0 and t.is_alive():
+        time.sleep(0.002)
+    if barrier.arrivals() == 0:
+        t.join()
+        if impl not in BUNDLED and not impl.startswith("mutant:"):
+            pytest.skip(f"{impl!r} has no {failpoint} failpoint to time this with (CONTRACT.md: gpujail-failpoint)")
+        pytest.fail(f"{req}: worker w never reached the failpoint {failpoint} {where} (exit "
+                    f"{result['w'].attempts[-1].code})")
+    return barrier, t, result
+
+
+@pytest.mark.req("REF-7", "K-1")
+def test_mount_detached_before_verification_is_a_failure(world, impl):
+    """REF-7, verify against what should be there: while the worker is paused after `configure`
+    (failpoint `ref.before_verify`), another node's CLI cleanup unlinks the placeholder under one
+    of its mounts (K-1: the mount detaches, and is simply gone from its mount table, as with a
+    jail upgraded from before the fix). A start that checks only the mounts still listed reports
+    ready without libcuda; it must exit non-zero instead."""
+    barrier, t, result = paused_at(world, impl, "ref.before_verify", "REF-7", "after configure")
+    os.unlink(world.jail / CUDA)   # the other node's cleanup
+    barrier.release()
+    t.join()
+    w = result["w"]
+    assert not w.ready, became_ready("REF-7", w, f"its mount on {CUDA} was detached before it verified (the "
+                                     "placeholder under it unlinked by another node)")
+    assert CUDA in one_line_error(w, "REF-7"), f"REF-7: worker w's error line does not name {CUDA}"
 
 
 def _remove_markers(jail, before: dict) -> dict[str, tuple[bytes, int]]:

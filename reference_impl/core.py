@@ -383,15 +383,31 @@ def jail_mounts(ctx: Ctx) -> dict[int, object]:
     return {m.mount_id: m for m in ctx.sys.mounts() if m.mountpoint.startswith(prefix)}
 
 
-def verify(ctx: Ctx, before: dict, min_size: int = REAL_CONTENT_MIN) -> list[str]:
-    """Every mount the CLI created must still be attached and, for regular files, show real
-    content by path (> 1 KiB: a marker passes an existence check, not this one). Returns the
-    jail-relative mount targets."""
+def for_capabilities(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The entries `configure` mounts for the caller's capabilities (libnvidia-container's rules, as
+    the fake CLI has them: fixtures/nvc_info.py): what REF-7 expects mounted, what `direct` mounts."""
+    from gpujail.fixtures import nvc_info
+    caps = nvc_info.capabilities({f.lstrip("-") for f in ctx.cli_flags()})
+    return [(h, t) for h, t in pairs if nvc_info.selected(h, caps)]
+
+
+def verify(ctx: Ctx, before: dict, expected: list[tuple[str, str]] = (), min_size: int = REAL_CONTENT_MIN) -> list[str]:
+    """Every file `expected` (host path, target) must be attached in this namespace, and every new
+    mount must show real content by path (> 1 KiB: a marker passes an existence check, not this
+    one). Checked against what should be there, not only against the mount table: a mount that was
+    detached between configure and now (another node's CLI cleanup unlinked its placeholder, K-1)
+    is simply gone from the table. Returns the jail-relative mount targets."""
     failpoints.hit("ref.before_verify")
     after = jail_mounts(ctx)
     new = list(dict.fromkeys(m.mountpoint for i, m in after.items() if i not in before))
     if not new:
         raise Fatal("verify-failed", "the CLI reported success but created no mounts under the jail")
+    real_dirs: dict[str, str] = {}
+    gone = [rel for _, rel in expected if _resolved(ctx, os.path.join(ctx.jail, rel), real_dirs) not in set(new)]
+    if gone:
+        more = f" (and {len(gone) - 1} more)" if len(gone) > 1 else ""
+        raise Fatal("verify-failed", f"{ctx.jail}/{gone[0]}: not mounted after configure{more}: detached "
+                                     "meanwhile, or never mounted")
     for mountpoint in new:
         rel = os.path.relpath(mountpoint, ctx.jail)
         st = _stat_beneath(ctx, rel)

@@ -17,20 +17,14 @@ def gpu_worker(ctx: core.Ctx) -> None:
     ctx, sonames = core.with_sonames(ctx, pairs)
     core.ensure_placeholders(ctx, pairs + sonames)   # REF-12: each soname a placeholder too
     before = core.jail_mounts(ctx)
-    mount_directly(ctx, for_capabilities(ctx, pairs + sonames))
-    mounted = core.verify(ctx, before)
+    wanted = core.for_capabilities(ctx, pairs + sonames)
+    mount_directly(ctx, wanted)
+    mounted = core.verify(ctx, before, wanted)
     core.ensure_soname(ctx, mounted)
     core.mark_done(ctx)
 
 
 REMOUNT = {"dev": MS_RDONLY | MS_NOSUID | MS_NOEXEC, "run": MS_NODEV | MS_NOSUID | MS_NOEXEC}
-
-
-def for_capabilities(ctx: core.Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The entries configure would mount for the caller's capabilities (direct owns this logic)."""
-    from gpujail.fixtures import nvc_info
-    caps = nvc_info.capabilities({f.lstrip("-") for f in ctx.cli_flags()})
-    return [(h, t) for h, t in pairs if nvc_info.selected(h, caps)]
 
 
 def mount_directly(ctx: core.Ctx, pairs: list[tuple[str, str]]) -> None:

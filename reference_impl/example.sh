@@ -147,6 +147,7 @@ failpoint() { # failpoint NAME PATH (hits are counted per process, as in the sui
 # live mounts on that inode. A lock that did not serialise us with another node (node-local locks,
 # a lost lease on a network filesystem) lets that node create the target between our check and our
 # create: then the create fails, and the target is checked again as REF-3 does, never removed.
+write_marker() { printf 'nvidia-placeholder-marker\n' | dd of="$1" conv=notrunc,nocreat oflag=nofollow status=none 2>/dev/null; }
 place_marker() { # place_marker REL MODE
     f=./${1##*/}
     for _ in 1 2 3; do
@@ -156,17 +157,16 @@ place_marker() { # place_marker REL MODE
             rm -f -- "$f" || die 8 "cannot remove the soname link $JAIL/$1"
         elif [ -e "$f" ] || [ -L "$f" ]; then
             needs_marker "$f" || return 0           # another node's marker (or a directory): accepted
-            printf 'nvidia-placeholder-marker\n' | dd of="$f" conv=notrunc,nocreat oflag=nofollow status=none 2>/dev/null &&
-                [ -s "$f" ] || die 8 "cannot write the marker into the 0-byte placeholder $JAIL/$1"
+            write_marker "$f" && [ -s "$f" ] || die 8 "cannot write the marker into the 0-byte placeholder $JAIL/$1"
             chmod "$2" -- "$f" || die 8 "cannot chmod marker $JAIL/$1"
             return 0
         fi
         failpoint ref.before_marker "$1"
-        if ( set -C; printf 'nvidia-placeholder-marker\n' > "$f" ) 2>/dev/null; then
+        if ( set -C; : > "$f" ) 2>/dev/null; then
             # Ours (O_EXCL): never leave it truncated, an empty file is what a failing CLI deletes
-            # from under other workers' mounts.
-            if [ "$(stat -c %s -- "$f")" -ne 26 ]; then
-                [ "$(stat -c %s -- "$f")" -ge 26 ] || rm -f -- "$f"
+            # from under other workers' mounts (unless another node filled it meanwhile).
+            if ! write_marker "$f" || [ "$(stat -c %s -- "$f")" -ne 26 ]; then
+                [ "$(stat -c %s -- "$f" 2>/dev/null || echo 26)" -ge 26 ] || rm -f -- "$f"
                 die 8 "cannot write marker $JAIL/$1: full jail"
             fi
             chmod "$2" -- "$f" || die 8 "cannot chmod marker $JAIL/$1"
@@ -247,15 +247,56 @@ caps=$(printf '%s\n' "${NVIDIA_DRIVER_CAPABILITIES:-compute,utility}" | tr ',' '
     esac
 done)
 case "$caps" in *BAD:*) die 2 "NVIDIA_DRIVER_CAPABILITIES: unknown capability in '$NVIDIA_DRIVER_CAPABILITIES'" ;; esac
+# has CAP: configure acts on CAP (video brings compute, display brings graphics: options.h).
+has() {
+    case " $caps " in *" --$1 "*) return 0 ;; esac
+    case $1 in compute) has video ;; graphics) has display ;; *) return 1 ;; esac
+}
+# selected HOSTPATH: configure mounts this `list` entry for the capabilities asked (libnvidia-container's
+# nvc_info.c lists; the suite's copy is fixtures/nvc_info.py).
+selected() {
+    case "$1" in
+        /dev/nvidia[0-9]*|/dev/nvidiactl|*/firmware/*) return 0 ;;
+        /dev/*uvm*) has compute; return ;;
+        /dev/*) has display; return ;;
+        /run/nvidia-persistenced/*|/run/nvidia-fabricmanager/*) has utility; return ;;
+        /tmp/nvidia-mps) has compute; return ;;
+        */i386-linux-gnu/*|/usr/lib32/*) has compat32 || return 1 ;;
+    esac
+    case ${1##*/} in
+        libnvidia-ml.so*|libnvidia-cfg.so*|libnvidia-nscq.so*|nvidia-smi|nvidia-debugdump|nvidia-persistenced|nv-fabricmanager)
+            has utility ;;
+        libcuda.so*|libcudadebugger.so*|libnvidia-opencl.so*|libnvidia-gpucomp.so*|libnvidia-ptxjitcompiler.so*|\
+        libnvidia-fatbinaryloader.so*|libnvidia-allocator.so*|libnvidia-compiler.so*|libnvidia-pkcs11.so*|\
+        libnvidia-pkcs11-openssl3.so*|libnvidia-nvvm.so*|nvidia-cuda-mps-control|nvidia-cuda-mps-server)
+            has compute ;;
+        libnvidia-ngx.so*) has ngx ;;
+        libvdpau_nvidia.so*|libnvidia-encode.so*|libnvidia-opticalflow.so*|libnvcuvid.so*) has video ;;
+        libnvidia-eglcore.so*|libnvidia-glcore.so*|libnvidia-tls.so*|libnvidia-glsi.so*|libnvidia-fbc.so*|\
+        libnvidia-ifr.so*|libnvidia-rtcore.so*|libnvoptix.so*|libGLX_nvidia.so*|libEGL_nvidia.so*|\
+        libGLESv2_nvidia.so*|libGLESv1_CM_nvidia.so*|libnvidia-glvkspirv.so*|libnvidia-cbl.so*)
+            has graphics ;;
+        *) return 1 ;;
+    esac
+}
 # shellcheck disable=SC2086  # $caps is a list of flags
 err=$("$CLI" --user --no-pivot configure --no-cgroups --cuda-compat-mode=disabled --ldconfig=/usr/bin/true \
     --device=all $caps "$JAIL" 2>&1 >/dev/null) || die 4 "\`$CLI configure\` failed: $(printf '%s\n' "$err" | tail -n 1)"
 
-# REF-7: verify, do not trust: every new mount attached and, for files, real content by size.
+# REF-7: verify, do not trust: every file configure mounts for these capabilities attached (against
+# what should be there: a mount detached meanwhile is simply gone from the table), and every new
+# mount, for files, real content by size.
+failpoint ref.before_verify ""
 new=$(mounts_under_jail | while read -r id point; do
     printf '%s\n' "$before" | grep -q "^$id " || printf '%b\n' "$point"
 done)
 [ -n "$new" ] || die 5 "the CLI reported success but created no mounts under the jail"
+gone=$({ printf '%s\n' "$new" | sed 's/^/have /'
+         printf '%s\n' "$list" | while IFS= read -r host; do
+             [ -n "$host" ] && selected "$host" && printf '%s/%s\n' "$JAIL" "$(target "$host")"
+         done | xargs -r -d '\n' realpath -m -- | sed 's/^/want /'
+       } | awk '$1 == "have" { have[substr($0, 6)] = 1; next } !(substr($0, 6) in have) { print substr($0, 6); exit }')
+[ -z "$gone" ] || die 5 "$gone: not mounted after configure: detached meanwhile, or never mounted"
 printf '%s\n' "$new" | while IFS= read -r point; do
     [ -e "$point" ] || die 5 "$point: mount detached right after configure"
     if [ -f "$point" ]; then

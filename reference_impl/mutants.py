@@ -214,11 +214,11 @@ def _cli_parent_elsewhere(core):
 
 
 def _verify_existence(core):
-    _wrap(core, "verify", lambda verify: lambda ctx, before: verify(ctx, before, min_size=-1))
+    _wrap(core, "verify", lambda verify: lambda ctx, before, *expected: verify(ctx, before, *expected, min_size=-1))
 
 
 def _exit_code_only(core):
-    core.verify = lambda ctx, before: []
+    core.verify = lambda ctx, before, *expected: []
 
 
 def _no_verify(core):
@@ -228,7 +228,7 @@ def _no_verify(core):
                 run_configure(ctx)
         return run
     _wrap(core, "run_configure", ignoring)
-    core.verify = lambda ctx, before: []
+    core.verify = lambda ctx, before, *expected: []
 
 
 def _no_soname_check(core):

@@ -25,7 +25,7 @@ def gpu_worker(ctx: core.Ctx) -> None:
     core.ensure_placeholders(ctx, pairs + sonames)
     before = core.jail_mounts(ctx)
     core.run_configure(ctx)
-    mounted = core.verify(ctx, before)
+    mounted = core.verify(ctx, before, core.for_capabilities(ctx, pairs))
     mount_sonames(ctx, sonames, mounted)
     core.ensure_soname(ctx, mounted)
     core.mark_done(ctx)
