@@ -9,7 +9,16 @@ import stat
 import threading
 
 import pytest
-from gpujail.conformance.helpers import MARKER_MAX, became_ready, changes, lost, lost_files, not_ready, one_line_error
+from gpujail.conformance.helpers import (
+    MARKER_MAX,
+    became_ready,
+    changes,
+    lost,
+    lost_files,
+    not_ready,
+    one_line_error,
+    soname_broken,
+)
 from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 
@@ -100,6 +109,25 @@ def test_each_node_loads_its_own_driver_by_soname(world):
                  for r in results
                  if r.get("same_bytes") is not True or r.get("driver") != version]
         assert wrong == [], f"worker {w.node_id} (driver {version}) loads another driver by soname: {wrong}"
+
+
+@pytest.mark.req("REF-12")
+def test_rolling_upgrade_of_the_procedure_keeps_the_old_workers_sonames(world):
+    """A rolling upgrade of the procedure itself, on one driver version: worker `old` still runs a
+    procedure from before REF-12 (sonames are the jail's shared ldconfig links: mutant soname-links)
+    and is ready; then the implementation under test starts beside it. A soname link that already
+    resolves to this node's own driver library is left alone: replacing it by a marker turns old's
+    libnvidia-ml.so.1, and every other soname its jobs load by, into a 26-byte file (file too short)."""
+    old = world.start("old", impl="mutant:soname-links")
+    assert old.ready, not_ready("REF-12 (the worker on the procedure from before REF-12)", old)
+    new = world.start("new")
+    assert new.ready, not_ready("REF-12 (beside a worker on the procedure from before REF-12)", new)
+    for w in (old, new):
+        results = w.node.probe(soname_files(world.jail))
+        assert len(results) >= 2, f"REF-12: only {len(results)} soname(s) to check on worker {w.node_id}"
+        broken = [soname_broken("REF-12", w, r) for r in results if r.get("same_bytes") is not True]
+        assert broken == [], (f"REF-12: after worker new started beside worker old (the procedure before REF-12): "
+                              f"{broken[0]} (and {len(broken) - 1} more)")
 
 
 @pytest.mark.req("REF-11")

@@ -24,7 +24,8 @@ import errno
 import fnmatch
 import os
 import stat
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from gpujail.spec import FLAG, IMPL_EXIT, LDCONFIG_LOCK, LOCK, PLACEHOLDER_MAX, PLACEHOLDER_NAME, REAL_CONTENT_MIN
 from gpujail.world import failpoints, history
@@ -57,7 +58,7 @@ class Ctx:
     cli: str = "nvidia-container-cli"
     lock_timeout: float = 120.0
     name: str = "reference"
-    sonames: frozenset = frozenset()   # jail-relative soname targets (REF-12): a symlink there is replaced
+    sonames: Mapping[str, str] = field(default_factory=dict)   # REF-12: soname target -> our library's target
 
     @classmethod
     def from_env(cls, sysops, name: str, environ=None) -> Ctx:
@@ -192,12 +193,31 @@ def needs_marker(ctx: Ctx, rel: str) -> bool:
     entry exists and is not a regular file); REF-12: a soname target that is still ldconfig's
     symlink."""
     st = _stat_beneath(ctx, rel)
-    return st is None or is_old_placeholder(st) or (rel in ctx.sonames and _is_link(ctx, rel))
+    return st is None or is_old_placeholder(st) or stale_soname_link(ctx, rel)
 
 
 def _is_link(ctx: Ctx, rel: str) -> bool:
     st = _lstat_in_jail(ctx, rel)
     return st is not None and stat.S_ISLNK(st.st_mode)
+
+
+def stale_soname_link(ctx: Ctx, rel: str) -> bool:
+    """REF-12: `rel` is a soname target that is a symlink leading somewhere other than this node's
+    own library (another driver version's, a placeholder of another name). A link to our own
+    library is left alone: once configure mounts that library it resolves to our content, and in a
+    fleet on one driver version the workers that still run an older procedure keep their links."""
+    if rel not in ctx.sonames or not _is_link(ctx, rel):
+        return False
+    try:
+        link = ctx.sys.readlink(os.path.join(ctx.jail, rel))
+    except OSError:
+        return True
+    return os.path.normpath(os.path.join(os.path.dirname(rel), link)) != ctx.sonames[rel]
+
+
+def kept_soname_link(ctx: Ctx, rel: str) -> bool:
+    """REF-12: a soname target that is a link to our own library, left alone (nothing to mount)."""
+    return rel in ctx.sonames and _is_link(ctx, rel) and not stale_soname_link(ctx, rel)
 
 
 def missing(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -275,10 +295,12 @@ def place_marker(ctx: Ctx, rel: str, mode: int, attempts: int = 3) -> None:
     placeholder is accepted and a 0-byte one (that node's create, not yet written) is filled in place.
     Both nodes write the same marker at offset 0 with the same mode, so the race is harmless."""
     for _ in range(attempts):
-        if rel in ctx.sonames and _is_link(ctx, rel):
-            # REF-12: ldconfig's soname link becomes a marker. A symlink carries no mount (every
-            # implementation of REF-12 replaces it under this lock before mounting), so removing
-            # it detaches nothing.
+        if kept_soname_link(ctx, rel):
+            return
+        if stale_soname_link(ctx, rel):
+            # REF-12: a soname link to another driver's library becomes a marker. A symlink carries
+            # no mount (every implementation of REF-12 replaces it under this lock before mounting),
+            # so removing it detaches nothing.
             try:
                 ctx.sys.unlink_beneath(ctx.jail, rel)
             except FileNotFoundError:
@@ -359,7 +381,7 @@ def soname_pairs(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]
 def with_sonames(ctx: Ctx, pairs: list[tuple[str, str]]) -> tuple[Ctx, list[tuple[str, str]]]:
     """The context knowing its soname targets, and those targets' pairs (REF-12)."""
     sonames = soname_pairs(ctx, pairs)
-    ctx.sonames = frozenset(rel for _, rel in sonames)
+    ctx.sonames = {rel: f"{os.path.dirname(rel)}/{os.path.basename(host)}" for host, rel in sonames}
     return ctx, sonames
 
 

@@ -17,9 +17,12 @@ def gpu_worker(ctx: core.Ctx) -> None:
     ctx, sonames = core.with_sonames(ctx, pairs)
     core.ensure_placeholders(ctx, pairs + sonames)   # REF-12: each soname a placeholder too
     before = core.jail_mounts(ctx)
-    wanted = core.for_capabilities(ctx, pairs + sonames)
+    kept = [(h, t) for h, t in sonames if core.kept_soname_link(ctx, t)]   # REF-12: links to our own library
+    wanted = core.for_capabilities(ctx, pairs + [p for p in sonames if p not in kept])
     mount_directly(ctx, wanted)
     mounted = core.verify(ctx, before, wanted)
+    for host_path, rel in core.for_capabilities(ctx, kept):
+        reference.check_content(ctx, rel, host_path)
     core.ensure_soname(ctx, mounted)
     core.mark_done(ctx)
 

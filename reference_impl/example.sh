@@ -126,7 +126,7 @@ needs_marker() { [ ! -e "$1" ] || { [ -f "$1" ] && [ ! -s "$1" ]; }; }
 missing() {
     printf '%s\n' "$pairs" | while IFS='	' read -r host rel; do
         [ -n "$host" ] || continue
-        if needs_marker "$JAIL/$rel" || { is_soname "$rel" && [ -L "$JAIL/$rel" ]; }; then
+        if needs_marker "$JAIL/$rel" || stale_link "$rel"; then
             printf '%s\t%s\n' "$host" "$rel"
         fi
     done
@@ -151,9 +151,11 @@ write_marker() { printf 'nvidia-placeholder-marker\n' | dd of="$1" conv=notrunc,
 place_marker() { # place_marker REL MODE
     f=./${1##*/}
     for _ in 1 2 3; do
-        if is_soname "$1" && [ -L "$f" ]; then
-            # REF-12: ldconfig's soname link becomes a marker. A symlink carries no mount (every
-            # implementation of REF-12 replaces it under this lock before mounting over it).
+        if kept_link "$1"; then
+            return 0
+        elif stale_link "$1"; then
+            # REF-12: a soname link to another driver's library becomes a marker. A symlink carries
+            # no mount (every implementation of REF-12 replaces it under this lock before mounting).
             rm -f -- "$f" || die 8 "cannot remove the soname link $JAIL/$1"
         elif [ -e "$f" ] || [ -L "$f" ]; then
             needs_marker "$f" || return 0           # another node's marker (or a directory): accepted
@@ -182,7 +184,7 @@ place_marker() { # place_marker REL MODE
 create_markers() {
     printf '%s\n' "$1" | while IFS='	' read -r host rel; do
         [ -n "$host" ] || continue
-        needs_marker "$JAIL/$rel" || { is_soname "$rel" && [ -L "$JAIL/$rel" ]; } || continue
+        needs_marker "$JAIL/$rel" || stale_link "$rel" || continue
         mode=$(stat -L -c %a -- "$host" 2>/dev/null) || die 2 "listed host file $host does not exist"
         enter_dir "${rel%/*}" create || die 7 "cannot enter $JAIL/${rel%/*}"
         place_marker "$rel" "$mode"
@@ -212,6 +214,15 @@ sonames=$(cd "$SODIR" && find . -type d | while IFS= read -r d; do
     done
 done)
 is_soname() { printf '%s\n' "$sonames" | cut -f2 | grep -qxF -- "$1"; }
+# A soname link that resolves to this node's own library (as ldconfig made it) is kept: once the CLI
+# mounts that library it leads to our content, and workers that still run an older procedure keep
+# their links. One that leads elsewhere (another driver's library) becomes a marker.
+own_library() { printf '%s\n' "$sonames" | awk -F'\t' -v r="$1" '$2 == r { n = split($1, p, "/"); print p[n]; exit }'; }
+kept_link() {
+    [ -L "$JAIL/$1" ] && is_soname "$1" &&
+        [ "$(realpath -m -- "$JAIL/$1")" = "$(realpath -m -- "$JAIL/${1%/*}/$(own_library "$1")")" ]
+}
+stale_link() { [ -L "$JAIL/$1" ] && is_soname "$1" && ! kept_link "$1"; }
 pairs=$(printf '%s\n' "$list" | while IFS= read -r host; do
     [ -n "$host" ] || continue
     case "$host" in /*) ;; *) die 2 "\`$CLI list\`: not an absolute path: $host" ;; esac
@@ -313,6 +324,11 @@ printf '%s\n' "$sonames" | while IFS='	' read -r host rel; do
     printf '%s\n' "$new" | grep -qxF -- "$JAIL/$dir/${host##*/}" || continue   # capability not asked for
     enter_dir "$dir" || die 7 "cannot enter $JAIL/$dir"
     f=${rel##*/}
+    if kept_link "$rel"; then                       # leads to the library the CLI just mounted
+        size=$(stat -L -c %s -- "$f")
+        [ "$size" -gt 1024 ] || die 5 "$JAIL/$rel: soname link shows $size bytes where $host should be"
+        continue
+    fi
     [ -f "$f" ] && [ ! -L "$f" ] || die 5 "$JAIL/$rel: the soname placeholder is not a regular file"
     if ! { mount --bind -- "$host" "$(pwd -P)/$f" && mount -o remount,bind,ro,nodev,nosuid -- "$(pwd -P)/$f"; }; then
         die 5 "cannot mount $host over the soname $JAIL/$rel"

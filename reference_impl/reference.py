@@ -39,18 +39,27 @@ def mount_sonames(ctx: core.Ctx, sonames: list[tuple[str, str]], mounted: list[s
     for host_path, rel in sonames:
         if f"{os.path.dirname(rel)}/{os.path.basename(host_path)}" not in done:
             continue   # a capability this start did not ask for
+        if core.kept_soname_link(ctx, rel):   # a link to the library the CLI just mounted: check by path
+            check_content(ctx, rel, host_path)
+            out.append(rel)
+            continue
         try:
             ctx.sys.bind_mount_beneath(host_path, ctx.jail, rel, MS_RDONLY | MS_NODEV | MS_NOSUID)
         except OSError as e:
             raise core.Fatal("verify-failed", f"cannot mount {host_path} over the soname {ctx.jail}/{rel}: "
                                          f"{e.strerror}") from None
         history.record("impl.mount", src=host_path, dst=rel)
-        st = core._stat_beneath(ctx, rel)
-        if st is None or st.st_size <= core.REAL_CONTENT_MIN:
-            raise core.Fatal("verify-failed", f"{ctx.jail}/{rel}: soname shows {st.st_size if st else 'nothing'} "
-                                         f"bytes after mounting {host_path} over it")
+        check_content(ctx, rel, host_path)
         out.append(rel)
     return out
+
+
+def check_content(ctx: core.Ctx, rel: str, host_path: str) -> None:
+    """REF-7 for a soname: real content by path (through the jail, following a kept link)."""
+    st = core._stat_beneath(ctx, rel)
+    if st is None or st.st_size <= core.REAL_CONTENT_MIN:
+        raise core.Fatal("verify-failed", f"{ctx.jail}/{rel}: soname shows {st.st_size if st else 'nothing'} "
+                                          f"bytes where {host_path} should be")
 
 
 def cpu_worker(ctx: core.Ctx) -> None:
