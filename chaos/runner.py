@@ -271,7 +271,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                     env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
                     first_attempt_env=first_env.get(wid),
                     on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,
-                    node_options={"jail_readonly": True} if scenario.read_only else None)
+                    node_options={**({"jail_readonly": True} if scenario.read_only else {}),
+                                  **({"mps": True} if scenario.mps else {})})
             except Exception as e:   # raised once below, in the caller's thread (on an interrupt: never)
                 errors[wid] = e
 

@@ -11,6 +11,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     warm = false               # true: one worker populates the jail before the run
     reused_jail = false        # true: the jail holds markers, 0-byte placeholders and the flag of an earlier cluster
     read_only = false          # true: every worker sees the (warmed) jail read-only
+    mps = false                # true: every GPU worker's host runs MPS (its pipe directory /tmp/nvidia-mps)
     hostile_links = { "usr/lib/firmware/nvidia" = "@OUTSIDE" }   # symlinks out of the jail, planted first
     windows = ["overlap"]      # the fault windows a run must open, else it is INCONCLUSIVE (chaos/checkers/windows.py)
     probe_sonames = false      # true: probes also check each ready worker's sonames load its own driver (REF-12)
@@ -60,7 +61,7 @@ SYSCALL = "syscall."   # a fault on `syscall.NAME` is injected by strace at that
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
-        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "hostile_links",
+        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "hostile_links",
         "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults"}
 
 
@@ -105,6 +106,7 @@ class Scenario:
     lock_timeout: float = 30.0   # GPUJAIL_LOCK_TIMEOUT for every start
     scale: bool = False          # a big run: opt-in with `-m scale`
     read_only: bool = False      # every worker sees the jail read-only (after warming it)
+    mps: bool = False            # every GPU worker's host runs MPS: `list` prints its pipe directory
     hostile_links: dict[str, str] = field(default_factory=dict)   # jail path -> link target ("@OUTSIDE": a dir outside)
     legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
     windows: list[str] = field(default_factory=list)   # fault windows the run must open (chaos/checkers/windows.py)

@@ -47,6 +47,28 @@ def test_failing_neighbour_costs_nothing(world):
 
 
 @pytest.mark.req("REF-3", "CLI-6", "K-1")
+def test_failing_neighbour_keeps_the_mps_pipe_directory(world):
+    """Hosts running MPS: worker A is ready with the pipe directory /tmp/nvidia-mps mounted; worker
+    B's start fails on the mount right after its MPS directory's. A CLI's cleanup undoes the whole
+    batch: it unmounts each target in its own namespace, then removes it (an empty directory
+    included, K-1: A's mount on it detaches, and A's MPS clients lose their daemon). A's mount on
+    the pipe directory must stay."""
+    mps = {"node_options": {"mps": True}}
+    a = world.start("A", **mps)
+    assert a.ready, not_ready("REF-3 (a host running MPS)", a)
+    mounted = [e["dst"] for e in world.history() if e.get("node") == "A" and e["kind"] in ("cli.mount", "impl.mount")]
+    after = 1 + next((i for i, d in enumerate(mounted) if d.rstrip("/").endswith("tmp/nvidia-mps")), -1)
+    assert after, f"REF-3: worker A mounted no MPS pipe directory (its mounts: {mounted})"
+    failing = f"cli.before_mount={after}*off->return(EIO);ref.before_mount={after}*off->return(EIO)"
+    b = world.start("B", env={"GPUJAIL_FAILPOINTS": failing}, **mps)
+    assert not b.ready, became_ready("CLI-6", b, "its start was made to fail (EIO) after its MPS directory's mount")
+    pipe = str(world.jail / "tmp/nvidia-mps")
+    assert [m for m in a.node.mounts(pipe) if m["mountpoint"] == pipe], \
+        (f"REF-3/CLI-6: after worker B's start failed right after mounting its MPS pipe directory, worker A's "
+         f"mount on tmp/nvidia-mps is gone (the directory {'is gone' if not os.path.isdir(pipe) else 'was replaced'})")
+
+
+@pytest.mark.req("REF-3", "CLI-6", "K-1")
 def test_upgraded_jail_placeholders_become_markers_in_place(world):
     """An upgraded jail (SPEC REF-3): a worker of the procedure before the fix brought the jail up,
     so it holds the CLI's 0-byte placeholders with that worker's live mounts on them. A worker of

@@ -108,6 +108,23 @@ def test_jail_named_through_a_symlink(world, tmp_path):
     assert (gone := lost(w, world.jail)) == [], lost_files("REF-7", w, gone, world.jail)
 
 
+@pytest.mark.req("REF-3", "REF-5")
+def test_mps_host_gets_a_directory_at_the_pipe_directory(world):
+    """On a host running MPS, `list` prints the pipe directory /tmp/nvidia-mps among the IPC entries
+    and configure bind-mounts that directory. Its target gets a directory, never a file marker (the
+    CLI then fails "not a directory" and no worker ever becomes ready); a second worker finds it
+    present."""
+    mps = {"node_options": {"mps": True}}
+    first = world.start("first", **mps)
+    assert first.ready, not_ready("REF-3 (a host running MPS: /tmp/nvidia-mps is a directory)", first)
+    st = os.lstat(world.jail / "tmp/nvidia-mps")
+    assert stat.S_ISDIR(st.st_mode), \
+        f"REF-3: worker first made tmp/nvidia-mps a {stat.filemode(st.st_mode)} in the jail, expected a directory"
+    second = world.start("second", **mps)
+    assert second.ready, not_ready("REF-3 (a second worker on a host running MPS)", second)
+    assert (gone := lost(first, world.jail)) == [], lost_files("REF-3", first, gone, world.jail)
+
+
 @pytest.mark.req("REF-4")
 def test_warm_start_takes_no_lock_and_creates_nothing(world):
     """On a fully populated jail a start creates nothing and does not wait for the placeholder

@@ -67,6 +67,11 @@ PLACEHOLDER_MAX = 64          # a placeholder (0-byte or marker) is smaller than
 PLACEHOLDER_NAME = "lib*.so.*"  # ... and named like a versioned library
 REAL_CONTENT_MIN = 1024       # a mounted regular file shows more than this by path
 
+# IPC entries `list` prints that are directories (the MPS pipe directory): their targets are
+# directories (REF-3), each holding a marker so that no CLI cleanup can remove it as empty (CLI-6).
+IPC_DIRS = ("tmp/nvidia-mps",)
+DIR_MARKER = ".nvidia-placeholder-marker"
+
 # GPU workers of a multi-worker test or scenario that does not pin its count (--workers).
 DEFAULT_WORKERS = 8
 

@@ -27,7 +27,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpujail.spec import FLAG, IMPL_EXIT, LDCONFIG_LOCK, LOCK, PLACEHOLDER_MAX, PLACEHOLDER_NAME, REAL_CONTENT_MIN
+from gpujail.spec import DIR_MARKER, FLAG, IMPL_EXIT, LDCONFIG_LOCK, LOCK, PLACEHOLDER_MAX, PLACEHOLDER_NAME, REAL_CONTENT_MIN
 from gpujail.world import failpoints, history
 from gpujail.world.sysops import MS_NODEV, MS_NOSUID, MS_RDONLY, LockTimeout
 
@@ -280,10 +280,18 @@ def create_markers(ctx: Ctx, todo: list[tuple[str, str]]) -> None:
         if not needs_marker(ctx, rel):
             continue   # an earlier lock holder created or filled it
         try:
-            mode = stat.S_IMODE(ctx.sys.stat(host_path).st_mode)
+            st = ctx.sys.stat(host_path)
         except OSError as e:
             raise Fatal("bad-input", f"listed host file {host_path}: {e.strerror}") from None
-        place_marker(ctx, rel, mode)
+        if stat.S_ISDIR(st.st_mode):   # REF-3: the MPS pipe directory gets a directory, never a marker
+            make_parents(ctx, rel + "/")
+            # ... holding a marker: a failing CLI's cleanup removes an *empty* directory it mounted
+            # over (CLI-6), and with it every other node's mount on it (K-1); rmdir meets ENOTEMPTY.
+            keep = f"{rel}/{DIR_MARKER}"
+            if needs_marker(ctx, keep):
+                place_marker(ctx, keep, 0o644)
+        else:
+            place_marker(ctx, rel, stat.S_IMODE(st.st_mode))
 
 
 def place_marker(ctx: Ctx, rel: str, mode: int, attempts: int = 3) -> None:

@@ -186,6 +186,13 @@ create_markers() {
         [ -n "$host" ] || continue
         needs_marker "$JAIL/$rel" || stale_link "$rel" || continue
         mode=$(stat -L -c %a -- "$host" 2>/dev/null) || die 2 "listed host file $host does not exist"
+        if [ -d "$host" ]; then                     # REF-3: the MPS pipe directory gets a directory,
+            enter_dir "$rel" create || die 7 "cannot enter $JAIL/$rel"
+            # holding a marker: a failing CLI's cleanup removes an *empty* directory it mounted over
+            # (CLI-6), and with it every other node's mount on it (K-1); rmdir meets ENOTEMPTY.
+            needs_marker ./.nvidia-placeholder-marker && place_marker "$rel/.nvidia-placeholder-marker" 644
+            continue
+        fi
         enter_dir "${rel%/*}" create || die 7 "cannot enter $JAIL/${rel%/*}"
         place_marker "$rel" "$mode"
     done

@@ -19,7 +19,7 @@ import fnmatch
 import os
 import stat
 
-from gpujail.spec import FLAG, LDCACHE, PLACEHOLDER_MAX
+from gpujail.spec import DIR_MARKER, FLAG, IPC_DIRS, LDCACHE, PLACEHOLDER_MAX
 
 from .queries import Run, node_of, normalised, same_file
 from .results import MAX_LISTED, UNKNOWN, InvariantResult, Violation
@@ -37,7 +37,8 @@ def _placeholder(rel: str, entry: tuple) -> bool:
     mode, size, _ = entry
     n, name = normalised(rel), os.path.basename(rel)
     return (stat.S_ISREG(mode) and size is not None and size < PLACEHOLDER_MAX
-            and (fnmatch.fnmatchcase(name, "lib*.so.*") or n.startswith(("lib/firmware/", "bin/"))))
+            and (fnmatch.fnmatchcase(name, "lib*.so.*") or n.startswith(("lib/firmware/", "bin/"))
+                 or (rel.rsplit("/", 1)[0] in IPC_DIRS and name == DIR_MARKER)))
 
 
 def _bookkeeping(rel: str, entry: tuple) -> bool:
@@ -116,7 +117,8 @@ def check_hygiene(run: Run) -> InvariantResult:
             continue
         if stat.S_ISDIR(e[0]):
             n = normalised(rel)
-            if n.startswith("lib/firmware") or n in LIBRARY_DIRS or any(f.startswith(rel + "/") for f in allowed_files):
+            if (n.startswith("lib/firmware") or n in LIBRARY_DIRS or rel in IPC_DIRS
+                    or any(f.startswith(rel + "/") for f in allowed_files)):
                 continue
         problems.append((rel, f"{rel} appeared (a {_kind(e)}, not a placeholder, lock, flag or ldconfig output)"))
     for rel, text in problems:

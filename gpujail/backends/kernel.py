@@ -90,14 +90,14 @@ class Node:
     role: str
     version: str | None
     env: dict[str, str]
-    options: dict = field(default_factory=dict)   # jail_readonly: bool, jail_tmpfs: "80k" (this node only)
+    options: dict = field(default_factory=dict)   # jail_readonly: bool, jail_tmpfs: "80k" (this node only), mps: bool
     proc: subprocess.Popen | None = field(default=None, repr=False)
     pid1: int | None = None                        # the node's PID 1, as the host sees it
 
     def start(self) -> Node:
         devices, socket_path, tree = [], None, None
         if self.role == "gpu-worker":
-            tree = str(drivers.materialise(self.version))
+            tree = str(drivers.materialise(self.version, mps=bool(self.options.get("mps"))))
             cat = drivers.catalogue(self.version)
             devices = [(f.path, *f.device) for f in cat if f.kind == "device"]
             socket_path = drivers.PERSISTENCED_SOCKET
