@@ -4,13 +4,17 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 
+import pytest
 from gpujail.fixtures import BIN
 from gpujail.fixtures import jail as jail_image
 
 from gpujail.backends.probes import gpu_files, problems
+from gpujail.contract import BUNDLED
 from gpujail.spec import PLACEHOLDER_MAX
+from gpujail.world.failpoints import Barrier
 
 MARKER_MAX = PLACEHOLDER_MAX   # REF-5 / REF-9
 
@@ -123,3 +127,27 @@ def only_whole_markers(before: dict, jail, req: str = "REF-5") -> None:
         if stat.S_ISREG(mode) and not rel.endswith(".lock"):
             assert 0 < size < MARKER_MAX, (f"{req}: {rel}: {size} bytes: the jail may gain only complete markers "
                                            f"(1 to {MARKER_MAX - 1} bytes), never an empty or truncated placeholder")
+
+
+def paused_at(world, impl, failpoint: str, req: str, where: str, node: str = "w", term: str = "1*pause({name})",
+              also: tuple[str, ...] = ()):
+    """Start worker `node` paused at the first hit of `failpoint` (a barrier named after it; `term`
+    may say more, e.g. what the next hit does): the barrier, the thread that runs the start and the
+    dict its Worker lands in (key `node`). `also`: more failpoints armed with the same term (an
+    implementation that mounts itself hits `ref.before_mount` where others run the CLI's). An
+    implementation that never got there: skipped when it is a command without that failpoint (a
+    vendor's script may call gpujail-failpoint: CONTRACT.md), failed when it is a bundled one."""
+    name = failpoint.split(".")[-1]
+    barrier, result = Barrier(name, world.barriers), {}
+    env = {"GPUJAIL_FAILPOINTS": ";".join(f"{fp}={term.format(name=name)}" for fp in (failpoint, *also))}
+    t = threading.Thread(target=lambda: result.setdefault(node, world.start(node, env=env)))
+    t.start()
+    while barrier.arrivals() == 0 and t.is_alive():
+        time.sleep(0.002)
+    if barrier.arrivals() == 0:
+        t.join()
+        if impl not in BUNDLED and not impl.startswith("mutant:"):
+            pytest.skip(f"{impl!r} has no {failpoint} failpoint to time this with (CONTRACT.md: gpujail-failpoint)")
+        pytest.fail(f"{req}: worker {node} never reached the failpoint {failpoint} {where} (exit "
+                    f"{result[node].attempts[-1].code})")
+    return barrier, t, result

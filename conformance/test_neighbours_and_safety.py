@@ -17,6 +17,7 @@ from gpujail.conformance.helpers import (
     lost_files,
     not_ready,
     one_line_error,
+    paused_at,
     soname_broken,
 )
 from gpujail.fixtures import drivers
@@ -66,6 +67,24 @@ def test_failing_neighbour_keeps_the_mps_pipe_directory(world):
     assert [m for m in a.node.mounts(pipe) if m["mountpoint"] == pipe], \
         (f"REF-3/CLI-6: after worker B's start failed right after mounting its MPS pipe directory, worker A's "
          f"mount on tmp/nvidia-mps is gone (the directory {'is gone' if not os.path.isdir(pipe) else 'was replaced'})")
+
+
+@pytest.mark.req("REF-5", "CLI-6", "K-1")
+def test_failing_creator_costs_nothing(world, impl):
+    """The other half of the failing neighbour: here the worker that *created* the markers is the
+    one that fails, after its neighbour mounted over them. A creates every marker, then pauses
+    before its first mount; B starts, finds the markers and becomes ready; then A's start fails
+    (EIO). A procedure that undoes what its own start created (upstream #377's idea, done by the
+    implementation) deletes the files B has mounted over."""
+    barrier, t, result = paused_at(world, impl, "cli.before_mount", "REF-5", "after creating the markers", node="A",
+                                   term="1*pause({name})->return(EIO)", also=("ref.before_mount",))
+    b = world.start("B")
+    assert b.ready, not_ready("REF-5 (beside worker A, which created the markers and is about to fail)", b)
+    barrier.release()
+    t.join()
+    assert not result["A"].ready, became_ready("REF-5", result["A"], "its start was made to fail (EIO) at its first mount")
+    assert (gone := lost(b, world.jail)) == [], \
+        lost_files("REF-5/CLI-6: after worker A, which created the markers, failed,", b, gone, world.jail)
 
 
 @pytest.mark.req("REF-3", "CLI-6", "K-1")

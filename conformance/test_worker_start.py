@@ -24,6 +24,7 @@ from gpujail.conformance.helpers import (
     not_ready,
     one_line_error,
     only_whole_markers,
+    paused_at,
     soname_broken,
     start_all,
     stub_cli,
@@ -32,8 +33,6 @@ from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 
 from gpujail.backends import kernel
-from gpujail.contract import BUNDLED
-from gpujail.world.failpoints import Barrier
 
 pytestmark = pytest.mark.kernel
 LOCK = "etc/complement_jail_gpu_placeholders.lock"
@@ -210,27 +209,6 @@ def test_marker_created_meanwhile_by_a_node_the_lock_did_not_stop(world, impl, t
     empty = sorted(rel for rel in saved if os.stat(world.jail / rel).st_size == 0)
     assert not empty, f"REF-3: worker w left the other node's 0-byte placeholders unfilled: {empty}"
     assert (gone := lost(w, world.jail)) == [], lost_files("REF-5", w, gone, world.jail)
-
-
-def paused_at(world, impl, failpoint: str, req: str, where: str):
-    """Start worker w paused at the first hit of `failpoint` (a barrier of the same name): the
-    barrier, the thread that runs the start and the dict its Worker lands in ("w"). An
-    implementation that never got there: skipped when it is a command without that failpoint (a
-    vendor's script may call gpujail-failpoint: CONTRACT.md), failed when it is a bundled one."""
-    name = failpoint.split(".")[-1]
-    barrier, result = Barrier(name, world.barriers), {}
-    env = {"GPUJAIL_FAILPOINTS": f"{failpoint}=1*pause({name})"}
-    t = threading.Thread(target=lambda: result.setdefault("w", world.start("w", env=env)))
-    t.start()
-    while barrier.arrivals() == 0 and t.is_alive():
-        time.sleep(0.002)
-    if barrier.arrivals() == 0:
-        t.join()
-        if impl not in BUNDLED and not impl.startswith("mutant:"):
-            pytest.skip(f"{impl!r} has no {failpoint} failpoint to time this with (CONTRACT.md: gpujail-failpoint)")
-        pytest.fail(f"{req}: worker w never reached the failpoint {failpoint} {where} (exit "
-                    f"{result['w'].attempts[-1].code})")
-    return barrier, t, result
 
 
 @pytest.mark.req("REF-7", "K-1")

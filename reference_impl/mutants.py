@@ -161,6 +161,30 @@ def _cleanup_on_failure(core):
     _wrap(core, "run_configure", cleaning)
 
 
+def _undo_own_markers(core):
+    """Upstream #377's idea done by the implementation: on a failed configure, remove the markers
+    *this start* created, 'to leave the jail as we found it'. Only the lock winner creates markers,
+    so only a creator that fails after its neighbours mounted over them hurts anyone."""
+    created: list[str] = []   # a mutant is built fresh for each start
+
+    def remembering(create_markers):
+        def create(ctx, todo):
+            created.extend(rel for _, rel in todo if core.needs_marker(ctx, rel))
+            return create_markers(ctx, todo)
+        return create
+
+    def undoing(run_configure):
+        def run(ctx):
+            try:
+                run_configure(ctx)
+            except core.Fatal:
+                _unlink_placeholders(ctx, created)
+                raise
+        return run
+    _wrap(core, "create_markers", remembering)
+    _wrap(core, "run_configure", undoing)
+
+
 def _compat_mount(core):
     """REF-6: configure run without --cuda-compat-mode=disabled (the CLI's default, `mount`): with
     a CUDA image in the jail the CLI also mounts its compat libraries over 0-byte placeholders."""
@@ -317,6 +341,8 @@ MUTANTS = {
     "retry-in-process": ("a failing configure retried in-process (3 tries) instead of failing the start",
                          _retry_in_process),
     "cleanup-on-failure": ("placeholders removed after a failed configure", _cleanup_on_failure),
+    "undo-own-markers": ("the markers this start created removed after a failed configure (upstream #377, by the "
+                         "implementation)", _undo_own_markers),
     "compat-mount": ("configure run with the default --cuda-compat-mode=mount: a CUDA image's compat libraries "
                      "get 0-byte placeholders", _compat_mount),
     "soname-links": ("sonames left to the jail's shared ldconfig links: a node on another driver version flips them",
