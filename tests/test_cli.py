@@ -216,7 +216,7 @@ def test_reproduce_interrupted_leaves_nothing(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp)}
     proc = subprocess.Popen([sys.executable, "-m", "gpujail", "reproduce", str(slow), "--out", str(tmp_path / "out")],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=terminal_sigint)
     try:
         deadline = time.monotonic() + 60
         while not list(tmp.glob("*/run/history.jsonl")) or b'"sleep"' not in next(tmp.glob("*/run/history.jsonl")).read_bytes():
@@ -232,6 +232,13 @@ def test_reproduce_interrupted_leaves_nothing(tmp_path):
     assert "Traceback" not in out + err and err.strip().splitlines() == ["gpujail: interrupted; the run's nodes were stopped"]
     assert not list(tmp.iterdir())
     assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp) in _cmdline(p)]
+
+
+def terminal_sigint() -> None:
+    """In the child: SIGINT's default action, as a terminal's foreground job has it. A run started in
+    the background of a non-interactive shell (`cmd &`, a CI runner's job) inherits SIGINT ignored,
+    and Python then installs no KeyboardInterrupt handler: a Ctrl-C test would test nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _cmdline(proc: Path) -> str:

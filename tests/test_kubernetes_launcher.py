@@ -516,7 +516,8 @@ def test_interrupted_while_stopping_still_deletes_the_job(fake_api, run_dir, tmp
     code = STOPPING if sig == signal.SIGINT else \
         "import signal\ndef stop(*_): raise KeyboardInterrupt\nsignal.signal(signal.SIGTERM, stop)\n" + STOPPING
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(run_dir)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ,
+                            preexec_fn=terminal_sigint)
     out, err = signalled(proc, api, sig, lists=2)
     assert "KeyboardInterrupt" in err and proc.returncode != 0
     assert api.calls()[0] == "create" and api.calls()[-1] == "delete", api.calls()
@@ -566,6 +567,11 @@ def test_run_without_a_cluster_is_exit_3(tmp_path):
     assert r.returncode == 3 and r.stderr.startswith("gpujail: --launcher kubernetes: no Kubernetes cluster configured"), r.stderr
 
 
+def terminal_sigint() -> None:
+    """SIGINT's default action in the child (tests/test_cli.py says why: a CI job may inherit it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def reproduce(tmp_path, *flags, env=None) -> subprocess.Popen:
     """`gpujail reproduce cold-race --launcher kubernetes --workers 2 FLAGS`, its temporary directory
     (the run directory) under tmp_path, which stands for the shared volume's mount; no GPUJAIL_K8S_*
@@ -574,7 +580,7 @@ def reproduce(tmp_path, *flags, env=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "gpujail", "reproduce", "cold-race", "--launcher", "kubernetes",
                              "--workers", "2", "--out", str(tmp_path / "out"), *flags], cwd=REPO,
                             env={**clean, "TMPDIR": str(tmp_path), **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=terminal_sigint)
 
 
 @pytest.mark.parametrize("pods, sig, code, line", [
