@@ -35,6 +35,7 @@ from pathlib import Path
 
 from gpujail.chaos import checker, timeline
 from gpujail.chaos.checkers import windows as fault_windows
+from gpujail.chaos.checkers.content import NOBODY_READY
 from gpujail.chaos.scenario import SYSCALL, Scenario
 from gpujail.fixtures import jail as jail_image
 from gpujail.fixtures import syscall_faults
@@ -42,7 +43,7 @@ from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
 
 from gpujail.backends import kernel
-from gpujail.backends.probes import compat_files, gpu_files, lookup_files, soname_files
+from gpujail.backends.probes import compat_files, gpu_files, lookup_files, soname_files, unanswered
 from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
 from gpujail.world import history
 from gpujail.world.failpoints import Barrier
@@ -89,11 +90,14 @@ class ChaosRun:
         implementation to record its lock activity (the bundled ones do); for an uninstrumented one
         it stays UNKNOWN here and is checked black-box by the conformance test
         test_warm_start_takes_no_lock_and_creates_nothing. Where faults are not transient (a hostile
-        jail) nobody has to become ready, so nothing may be left to probe (INV-1, INV-5)."""
-        allowed = {"INV-4"} | (set() if self.scenario.transient_only else {"INV-1", "INV-5"})
+        jail) nobody has to become ready, so INV-1 and INV-5 may be UNKNOWN for that reason only (a
+        ready worker the probes did not reach is never excused)."""
+        def excused(inv: str, r: checker.InvariantResult) -> bool:
+            return inv == "INV-4" or (inv in ("INV-1", "INV-5") and not self.scenario.transient_only
+                                      and r.note == NOBODY_READY)
         results = self.verdict.results.items()
         return ([i for i, r in results if r.valid is False],
-                [i for i, r in results if r.valid == checker.UNKNOWN and i not in allowed])
+                [i for i, r in results if r.valid == checker.UNKNOWN and not excused(i, r)])
 
     def keep(self, dest: Path) -> None:
         """Copy the run's history, final state and timeline (if drawn) to `dest`, where they
@@ -124,12 +128,13 @@ def dress_as_reused(jail: Path) -> None:
 
 
 def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, done: threading.Event, log,
-                      name: str = "ldconfig-node") -> None:
+                      name: str = "ldconfig-node", ready: dict | None = None) -> None:
     """Run `ldconfig -r JAIL` again and again until `done` (every worker finished), and once more:
     from a node that sees none of the mounts (view blind: the lock winner of PR #2682) or from a GPU
     node of its own (view gpu: a node re-running ldconfig on the shared jail, PR #2621), holding the
     jail's ldconfig lock if asked. Its own node only: a node serves one request at a time, and the
-    probes use the others. Two lock-holding nemeses (`nodes = 2`) hand the lock to each other with
+    probes use the others: a ready GPU nemesis goes into `ready`, for the last probe round (its
+    ready span needs evidence like any other). Two lock-holding nemeses (`nodes = 2`) hand the lock to each other with
     no gap: one always waits in flock while the other holds it."""
     cfg = scenario.ldconfig
     if cfg.get("view") == "gpu":
@@ -139,6 +144,8 @@ def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, done: th
         if not w.ready:   # its node is gone (e.g. legacy's own cold race): no ldconfig, so the window stays shut
             return
         node = w.node
+        if ready is not None:
+            ready[name] = w
     else:
         node = fleet.start(name, role="cpu-worker", version=None)
     lock = jail / core.LDCONFIG_LOCK
@@ -149,7 +156,7 @@ def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, done: th
     while True:
         finished = done.is_set()
         r = node.run(argv)
-        log("chaos.ldconfig", view=cfg.get("view"), code=r.code)
+        log("chaos.ldconfig", node=name, view=cfg.get("view"), code=r.code)   # its node: not a window of its own
         if finished:
             break
         time.sleep(every)
@@ -206,7 +213,18 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
     run_dir.mkdir(parents=True, exist_ok=True)
     jail = jail_image.make_jail(run_dir / "jail")
     hist = str(run_dir / "history.jsonl")
-    log = lambda kind, **f: history.append(hist, kind, node="host", **f)  # noqa: E731
+    log = lambda kind, node="host", **f: history.append(hist, kind, node=node, **f)  # noqa: E731
+
+    def probe(name: str, worker: Worker, files: list[dict]) -> None:
+        """One probe round of a ready worker. A node that is gone or does not answer clears none of
+        its files: recorded as such on its behalf, never skipped (SPEC section 6)."""
+        try:
+            if not worker.node.alive:
+                raise RuntimeError(f"node {name} is gone")
+            worker.node.probe(files)
+        except RuntimeError as e:
+            log("probe", node=name, results=unanswered(files, f"the probe failed: {e}"))
+
     policy = RestartPolicy(max_restarts=scenario.max_restarts, backoff=0.02)
     workers: dict[str, Worker] = {}
     nodes: dict[str, kernel.Node] = {}
@@ -217,6 +235,9 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             warm = start_worker(fleet, "prewarm", impl, capabilities=scenario.capabilities)
             if not warm.ready:
                 raise RuntimeError(f"warming the jail failed: {warm.attempts[-1].error_line}")
+            files = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities)
+            probe("prewarm", warm, files)   # its ready span is judged like any other: it needs evidence
+            log("chaos.kill", worker="prewarm", barrier="")   # ends its ready span; no barrier: no fault
             warm.node.kill()
         if scenario.populate_cleanup:
             # The populate-jail job is a cluster job, not part of the worker contract: the bundled
@@ -244,8 +265,16 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             os.symlink(target.replace("@OUTSIDE", str(outside)), jail / link)
         before = jail_image.snapshot(jail)
         schedule = scenario.schedule(seed)
+        nemesis_names = [f"ldconfig-node{i or ''}" for i in range(int(scenario.ldconfig.get("nodes", 1)))] \
+            if scenario.ldconfig else []
+        # every GPU node's driver version: the nodes whose ready spans the checker wants probed
+        versions = {w: v for w, _, v in scenario.workers if v}
+        versions.update({"prewarm": DEFAULT_VERSION} if scenario.warm else {})
+        versions.update({"old": DEFAULT_VERSION} if old is not None else {})
+        if scenario.ldconfig.get("view") == "gpu":
+            versions.update({n: scenario.ldconfig.get("version", DEFAULT_VERSION) for n in nemesis_names})
         log("chaos.begin", scenario=scenario.name, impl=impl, seed=seed, schedule=schedule,
-            versions={w: v for w, _, v in scenario.workers if v}, windows=list(scenario.windows))
+            versions=versions, windows=list(scenario.windows))
         for w, spec in schedule.items():
             for entry in spec.split(";"):
                 failpoint, _, term = entry.partition("=")
@@ -278,15 +307,15 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
 
         done = threading.Event()   # every worker finished: the ldconfig nemesis runs once more and stops
         nemeses: list[threading.Thread] = []
+        nemesis_ready: dict[str, Worker] = {}   # GPU nemeses, probed in the last round (busy before)
         if scenario.ldconfig:
             def ldconfig_nemesis(name: str) -> None:
                 try:
-                    _ldconfig_nemesis(scenario, fleet, jail, impl, done, log, name)
+                    _ldconfig_nemesis(scenario, fleet, jail, impl, done, log, name, nemesis_ready)
                 except RuntimeError as e:   # its node could not be set up, or died: raised below, as for a worker
                     errors[name] = e
 
-            names = [f"ldconfig-node{i or ''}" for i in range(int(scenario.ldconfig.get("nodes", 1)))]
-            nemeses = [threading.Thread(target=ldconfig_nemesis, args=(n,)) for n in names]
+            nemeses = [threading.Thread(target=ldconfig_nemesis, args=(n,)) for n in nemesis_names]
             for t in nemeses:
                 t.start()
             if scenario.ldconfig.get("hold_lock") and not _wait_until_held(jail / core.LDCONFIG_LOCK, nemeses):
@@ -299,11 +328,12 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             t.start()
         keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log))
         keeper.start()
-        versions = {w: v for w, _, v in scenario.workers}
-        probes = {w: gpu_files(jail, v, scenario.capabilities)
-                  + (soname_files(jail, v, scenario.capabilities) if scenario.probe_sonames else [])
-                  + (lookup_files(jail, v, scenario.capabilities) if scenario.probe_lookups else [])
-                  for w, v in versions.items() if v}
+        def files_for(version: str) -> list[dict]:
+            return (gpu_files(jail, version, scenario.capabilities)
+                    + (soname_files(jail, version, scenario.capabilities) if scenario.probe_sonames else [])
+                    + (lookup_files(jail, version, scenario.capabilities) if scenario.probe_lookups else []))
+
+        probes = {w: files_for(v) for w, _, v in scenario.workers if v}
         if old is not None:
             workers["old"] = old
             probes["old"] = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities)
@@ -312,14 +342,11 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
 
         def probe_ready() -> None:
             for w, worker in list(workers.items()):
-                if worker.ready and w in probes and worker.node.alive:
+                if worker.ready and w in probes:
                     if scenario.cuda_image and w not in with_compat:   # what its CLI mounted from the image
                         with_compat.add(w)
                         probes[w] = probes[w] + compat_files(jail, w, history.load(hist))
-                    try:
-                        worker.node.probe(probes[w])
-                    except RuntimeError:
-                        pass
+                    probe(w, worker, probes[w])
 
         try:
             while any(t.is_alive() for t in threads.values()):
@@ -334,6 +361,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             wid, e = sorted(errors.items())[0]
             raise RuntimeError(f"worker {wid} could not be started: {e}") from e
         probe_ready()
+        for name, worker in nemesis_ready.items():   # idle now: their ready spans get their evidence
+            probe(name, worker, files_for(versions[name]))
         log("chaos.end")
         after = jail_image.snapshot(jail)
     mounts, procs = host_residue(str(jail), str(run_dir / "barriers"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from gpujail.chaos import runner, scenario
-from gpujail.chaos.test_scenarios import inconclusive, judge
+from gpujail.chaos.test_scenarios import verdict
 
 from gpujail.backends import jailfs, kernel
 from gpujail.options import option
@@ -29,11 +29,7 @@ def test_network_fault(name, impl, artefacts_dir, request, tmp_path, workers):
         pytest.skip(reason)
     result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")),
                         fleet_class=jailfs.fleet_class(kernel.Fleet, kind, sc.net_faults))
-    failed, undecided = judge(result, request)
-    if failed or undecided:
-        result.keep(artefacts_dir)
-    assert not failed and not undecided, result.report() + k2_reading(result)
-    inconclusive(result)
+    verdict(result, request, artefacts_dir, more=k2_reading)
 
 
 def k2_reading(result) -> str:

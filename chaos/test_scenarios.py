@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from gpujail.chaos import runner, scenario
+from gpujail.chaos.checkers.results import Inconclusive
 from gpujail.fixtures import syscall_faults
 
 from gpujail.options import option
@@ -43,11 +44,7 @@ def test_scenario(name, mode, seed_offset, impl, fleet_class, artefacts_dir, req
         pytest.skip(f"scenario {name} injects syscall faults, but {syscall_faults.unavailable()}")
     result = runner.run(sc.randomised() if mode == "random" else sc, impl, tmp_path / "run", seed=seed,
                         fleet_class=fleet_class)
-    failed, undecided = judge(result, request)
-    if failed or undecided:
-        result.keep(artefacts_dir)
-    assert not failed and not undecided, result.report()
-    inconclusive(result)
+    verdict(result, request, artefacts_dir)
 
 
 def judge(result, request) -> tuple[list[str], list[str]]:
@@ -64,12 +61,23 @@ def judge(result, request) -> tuple[list[str], list[str]]:
     return result.judge()
 
 
-def inconclusive(result) -> None:
-    """A run whose invariants held but whose declared fault window never opened proved nothing: it
-    is INCONCLUSIVE (reported as a skip whose reason starts with INCONCLUSIVE), never a pass."""
-    if result.unopened():
-        pytest.skip("INCONCLUSIVE: fault window(s) never opened: "
-                    + "; ".join(f"{w} ({result.windows[w][1]})" for w in result.unopened()))
+def verdict(result, request, artefacts_dir, more=lambda result: "") -> None:
+    """Fail on a violation; raise Inconclusive on an invariant left UNKNOWN that may not be, or a
+    declared fault window that never opened: the run proved nothing, which is never a pass (the
+    plugin reports it as `inconclusive`, and the run fails unless the implementation's expectations
+    file lists the test under [inconclusive]). The run's files are kept beside the reports either way;
+    `more(result)` adds to a violation's message."""
+    failed, undecided = judge(result, request)
+    if failed or undecided or result.unopened():
+        result.keep(artefacts_dir)   # history, final state, timeline: beside the reports, where CI keeps them
+    assert not failed, result.report() + more(result)
+    why = ([f"{', '.join(undecided)} UNKNOWN"] if undecided else []) + (
+        ["fault window(s) never opened: " + "; ".join(f"{w} ({result.windows[w][1]})" for w in result.unopened())]
+        if result.unopened() else [])
+    if why:
+        status = "UNKNOWN" if undecided else "INCONCLUSIVE"
+        request.node.user_properties.append(("inconclusive", f"{status}: {'; '.join(why)}"))
+        raise Inconclusive(f"{status}: {'; '.join(why)}\n{result.report()}")
 
 
 PER_FILE = ["cli.before_mkdir", "cli.before_create", "cli.before_mount", "cli.after_mount", "cli.after_remount",
@@ -92,7 +100,4 @@ def test_cli_error_at_every_failpoint(failpoint, impl, fleet_class, artefacts_di
     sc = scenario.Scenario(name=f"cli-error-at-{failpoint}", gpu_workers=5, max_restarts=2,
                            barriers=["late"] if failpoint in PER_FILE else [], faults=faults)
     result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")), fleet_class=fleet_class)
-    failed, undecided = judge(result, request)
-    if failed or undecided:
-        result.keep(artefacts_dir)   # history, final state, timeline: beside the reports, where CI keeps them
-    assert not failed and not undecided, result.report()
+    verdict(result, request, artefacts_dir)

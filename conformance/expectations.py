@@ -3,7 +3,8 @@
     gpujail expectations reports/summary.json > expectations/mine.toml
 
 Every test that failed (or was expected to fail and did) is listed under [tests] with the reason
-from the report; tests that passed are left out. Review the reasons before committing: an
+from the report, every chaos test that proved nothing (inconclusive, or expected so) under
+[inconclusive] with why; tests that passed are left out. Review the reasons before committing: an
 expectations file is a statement of what an implementation is known to get wrong.
 `python -m gpujail.conformance.expectations REPORT` is the same command.
 """
@@ -19,14 +20,19 @@ from gpujail.spec import EXIT
 def render(report: dict) -> str:
     info = report["run_info"]
     failing: dict[str, str] = {}
+    unproven: dict[str, str] = {}
     for rid, entry in report["requirements"].items():
         for t in entry["tests"]:
             if t["status"] in ("failed", "expected-fail"):
                 failing.setdefault(t["test"], f"{rid}: {t['reason']}".replace('"', "'"))
+            elif t["status"] in ("inconclusive", "expected-inconclusive"):
+                unproven.setdefault(t["test"], t["reason"].splitlines()[0].replace('"', "'") if t["reason"] else "?")
     lines = [f"# Expected failures of {info['implementation']!r} (contract {info['contract_version']}),",
              f"# generated from a run on the {info['backend']} backend; edit the reasons by hand.",
              f'implementation = "{info["implementation"]}"', "", "[tests]"]
     lines += [f'"{test}" = "{reason}"' for test, reason in sorted(failing.items())]
+    if unproven:
+        lines += ["", "[inconclusive]"] + [f'"{test}" = "{reason}"' for test, reason in sorted(unproven.items())]
     return "\n".join(lines) + "\n"
 
 

@@ -22,12 +22,20 @@ MARKER_MAX = PLACEHOLDER_MAX   # REF-5 / REF-9
 def start_all(world, n: int, prefix: str = "w", **kw) -> list:
     """Start n workers at once (the nodes are separate processes; threads only wait on them)."""
     workers: dict[int, object] = {}
-    threads = [threading.Thread(target=lambda i=i: workers.__setitem__(i, world.start(f"{prefix}{i}", **kw)))
-               for i in range(n)]
+    errors: dict[int, BaseException] = {}
+
+    def start(i: int) -> None:
+        try:
+            workers[i] = world.start(f"{prefix}{i}", **kw)
+        except BaseException as e:   # raised in the test's thread below, not lost with this one
+            errors[i] = e
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[min(errors)]
     return [workers[i] for i in range(n)]
 
 

@@ -75,7 +75,7 @@ OPTIONS += [Option(*setting) for setting in kubernetes.SETTINGS]
 BY_NAME = {o.name: o for o in OPTIONS}
 PATHS = ("expectations", "gpujail-report")   # values shown as they are in messages; the others quoted
 SELF_CHECK_MODES = ("once", "always")
-EXPECTATION_SECTIONS = ("implementation", "requirements", "tests", "intermittent")
+EXPECTATION_SECTIONS = ("implementation", "requirements", "tests", "intermittent", "inconclusive")
 # Interpreters whose first non-option argument is the script they run (`bash vendor.sh -j {jail}`);
 # `-c` and `-m` name code or a module instead.
 INTERPRETERS = ("sh", "bash", "dash", "ksh", "zsh", "python", "python3", "perl", "ruby", "node")
@@ -326,9 +326,10 @@ def check_self_checks(v: Value) -> None:
 
 def load_expectations(v: Value) -> dict:
     """The expectations file named by `v` ('' for none), checked: it exists, parses as TOML, has
-    only the known sections and names only known requirement IDs."""
+    only the known sections and names only known requirement IDs; every test listed under
+    [inconclusive] (a chaos test known to prove nothing here) says why."""
     from gpujail.spec import REQUIREMENTS
-    empty = {"requirements": {}, "tests": {}, "intermittent": {}}
+    empty = {"requirements": {}, "tests": {}, "intermittent": {}, "inconclusive": {}}
     if not v.text:
         return empty
     try:
@@ -345,6 +346,9 @@ def load_expectations(v: Value) -> dict:
     bad = sorted(set(data.get("requirements", {})) - set(REQUIREMENTS))
     if bad:
         raise BadInput(f"{v.label}: unknown requirement ID(s) {', '.join(bad)} (gpujail/spec.py)")
+    unexplained = sorted(t for t, why in data.get("inconclusive", {}).items() if not str(why).strip())
+    if unexplained:
+        raise BadInput(f"{v.label}: [inconclusive] {', '.join(unexplained)}: no reason given (say why the run proves nothing)")
     return {section: data.get(section, {}) for section in empty}
 
 

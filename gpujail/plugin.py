@@ -19,7 +19,11 @@ validator `gpujail run` uses too), and:
 * `req("REF-5", ...)` names the SPEC requirements a test checks; an unknown ID is a usage error.
 * `--expectations FILE` (TOML, like web-platform-tests metadata) lists the requirement IDs and
   tests an implementation is expected to fail, with the reason; they become strict xfails, so the
-  run is green exactly when the implementation fails what it should.
+  run is green exactly when the implementation fails what it should. A chaos test that proves
+  nothing (an invariant left UNKNOWN, a fault window never opened: it raises `Inconclusive`) is
+  `inconclusive` and fails the run, unless the file lists it under [inconclusive] with the reason:
+  then it is a strict xfail on `Inconclusive` only (`expected-inconclusive`; a pass or a violation
+  of a test so listed fails the run). Both are reported apart from passes.
 * Tests marked `self_check` (the fake CLI's fidelity and the kernel facts, CLI-* and K-*) do not
   depend on the implementation: they run first, and once per host and code version (`--self-checks
   once`; a cached pass is a skip saying when it was checked). They are reported apart and never
@@ -54,6 +58,7 @@ ASK = "GPUJAIL_SUITE"   # a conftest setting this to True asks the plugin to act
 SELF_CHECK = "self_check"
 CACHED = "already checked on this host"   # a self-check's skip reason when it passed here before
 UNAVAILABLE = "the launcher's cluster cannot run the agents: "   # a test's skip reason when so (then exit 3)
+EXPECTED_INCONCLUSIVE = "expected inconclusive: "   # the xfail reason of a test listed under [inconclusive]
 
 option = options.option
 
@@ -158,6 +163,13 @@ class Suite:
         exp = self.expectations
         # A test named under [tests] is a strict expected failure, even where a wider [intermittent]
         # pattern also matches it; then [intermittent] (wpt's [PASS, FAIL]); then [requirements].
+        # [inconclusive] expects the run to prove nothing, and nothing else: a violation still fails.
+        inconclusive = _match(item.nodeid, exp["inconclusive"])
+        if inconclusive:
+            from gpujail.chaos.checkers.results import Inconclusive
+            item.add_marker(pytest.mark.xfail(reason=f"{EXPECTED_INCONCLUSIVE}{inconclusive}", strict=True,
+                                              raises=Inconclusive))
+            return
         reason = _match(item.nodeid, exp["tests"])
         flaky = None if reason else _match(item.nodeid, exp["intermittent"])
         if flaky:
@@ -176,13 +188,19 @@ class Suite:
         if report.when != "call" and report.outcome == "passed":
             return
         if hasattr(report, "wasxfail"):   # skipped: failed as expected; passed: an intermittent passed
-            status = "expected-fail" if report.skipped else "passed-intermittent"
+            status = ("expected-inconclusive" if report.wasxfail.startswith(EXPECTED_INCONCLUSIVE) else
+                      "expected-fail") if report.skipped else "passed-intermittent"
         elif report.failed and "XPASS(strict)" in report.longreprtext:
             status = "unexpected-pass"
+        elif report.failed and "inconclusive" in props:   # proved nothing: not a pass, not a violation
+            status = "inconclusive"
         else:
             status = report.outcome
         reason = ""
-        if report.skipped and isinstance(report.longrepr, tuple):
+        if status in ("inconclusive", "expected-inconclusive"):
+            reason = props.get("inconclusive", "") + (f" (listed: {report.wasxfail[len(EXPECTED_INCONCLUSIVE):]})"
+                                                       if status == "expected-inconclusive" else "")
+        elif report.skipped and isinstance(report.longrepr, tuple):
             reason = report.longrepr[2]
             if reason.startswith(UNAVAILABLE):
                 self.unavailable = reason[len(UNAVAILABLE):]

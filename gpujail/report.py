@@ -24,8 +24,12 @@ from pathlib import Path
 
 from gpujail.spec import REQUIREMENTS
 
-STATUSES = ("passed", "failed", "expected-fail", "unexpected-pass", "passed-intermittent", "skipped")
-BAD = ("failed", "unexpected-pass")          # what makes a run red
+STATUSES = ("passed", "failed", "expected-fail", "unexpected-pass", "passed-intermittent", "inconclusive",
+            "expected-inconclusive", "skipped")
+BAD = ("failed", "unexpected-pass", "inconclusive")   # what makes a run red
+# A chaos test that proved nothing (an invariant UNKNOWN, a fault window never opened): never a pass,
+# listed apart from passes and failures; red unless the expectations file lists it (expected-).
+INCONCLUSIVE = ("inconclusive", "expected-inconclusive")
 CHAOS_DIR = "chaos"                          # under the reports directory
 # The requirements on the harness itself (SPEC: the fake CLI's fidelity, the kernel facts): checked
 # by the self-checks, reported in their own table, never counted for or against an implementation.
@@ -155,7 +159,11 @@ def text(report: dict) -> str:
         lines += ["", f"harness self-checks (the fake CLI, kernel facts; not counted for the implementation): "
                       f"{checks['status']}" + (f", {checks['reason']}" if checks["reason"] else "")]
         lines += requirement_lines(checks)
-    bad = failures(report) + failures(checks)
+    unproven = failures(report, INCONCLUSIVE)
+    if unproven:
+        lines += ["", "inconclusive (proved nothing; not a pass):"]
+        lines += [f"  {t['test']} ({t['status']}): {t['reason']}" for t in unproven]
+    bad = [t for t in failures(report) + failures(checks) if t["status"] not in INCONCLUSIVE]
     if bad:
         lines += ["", "failed:"]
         for t in bad:
@@ -276,7 +284,10 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
     fails = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{link(t['test'])}"
              + (f"<br><small>{esc(t['purpose'])}</small>" if t.get("purpose") else "")
              + f"</td><td>{esc(t['status'])}</td><td><pre>{esc(t['reason'])}</pre></td></tr>"
-             for t in failures(report, BAD + ("expected-fail",)) + failures(checks)]
+             for t in failures(report, ("failed", "unexpected-pass", "expected-fail")) + failures(checks)]
+    unproven = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{link(t['test'])}</td>"
+                f"<td>{esc(t['status'])}</td><td><pre>{esc(t['reason'])}</pre></td></tr>"
+                for t in failures(report, INCONCLUSIVE)]
     runs = []
     for r in judged:
         t = r["test"]
@@ -306,6 +317,11 @@ for or against the implementation. {esc(checks['status'])}{(": " + esc(checks['r
 <h2>Failures</h2>
 {('<table class="gj-t"><tr><th>test</th><th>status</th><th>reason</th></tr>' + ''.join(fails) + '</table>')
  if fails else '<p>None.</p>'}
+<h2>Inconclusive</h2>
+<p>Chaos runs that proved nothing (an invariant left UNKNOWN, a fault window never opened): never a pass; red
+unless the implementation's expectations file lists them under [inconclusive].</p>
+{('<table class="gj-t"><tr><th>test</th><th>status</th><th>why</th></tr>' + ''.join(unproven) + '</table>')
+ if unproven else '<p>No run was inconclusive.</p>'}
 <h2>Chaos runs that violated an invariant</h2>
 {(f"<p>Each: the checker's verdict and causal chain, and the timeline: one lane per worker, time since the "
   f"run's first event.</p>{timeline.legend()}" + ''.join(runs)) if runs else '<p>None.</p>'}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 
+from gpujail.backends.probes import NO_RESULT
 from gpujail.spec import PLACEHOLDER_MAX
 
 from .results import plural
@@ -73,6 +74,13 @@ class Run:
         return f"t={event.get('t', 0.0) - self.t0:.3f}s"
 
 
+def driver_versions(run: Run) -> dict[str, str]:
+    """Each GPU node's driver version, as the run's `chaos.begin` lists them ({} when it does not):
+    the nodes a GPU job runs on, whose ready spans the probes must reach (CPU workers and login
+    nodes have none)."""
+    return run.memo("versions", lambda: next((e.get("versions") or {} for e in run.of("chaos.begin")), {}))
+
+
 def node_of(event: dict) -> str:
     """The worker an event belongs to: its node, or for harness events about a worker, that worker."""
     node = event.get("node") or "host"
@@ -119,6 +127,8 @@ def is_bad(result: dict) -> bool:
 
 def what_went_wrong(result: dict) -> str:
     """What a GPU job saw instead of the driver file, in a few words."""
+    if str(result.get("error") or "").startswith(NO_RESULT):   # the probe could not clear it: say why
+        return result["error"]
     if result.get("lookup") and result.get("size") is None:   # the loader found no usable file for the soname
         return "nothing loaded" + (f" ({result['resolved']})" if result.get("resolved") else "")
     parts = []

@@ -13,6 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 UNKNOWN = "unknown"
+
+
+class Inconclusive(Exception):
+    """A chaos test that proved nothing: an invariant it may not leave UNKNOWN was left so, or a
+    declared fault window never opened. Not a pass: the plugin reports it as `inconclusive` (the run
+    fails) unless the expectations file lists the test under [inconclusive]."""
 MAX_LISTED = 10                                   # violations listed by summary() beyond the first
 
 

@@ -20,14 +20,17 @@ The windows (WINDOWS: name -> (description, predicate)):
 * `other-version-ready`: a worker on one driver version became ready while a worker on another was
   ready (REF-12: the moment a shared soname link would flip);
 * `ldconfig-while-ready`: an ldconfig ran on the jail (the scenario's ldconfig nemesis) while a worker
-  was ready, and that worker was probed after it (PR #2621, PR #2682).
+  other than the nemesis's own node was ready, and that worker was probed after it (PR #2621, PR #2682).
+
+A window opens only on a worker that is alive and ready at that moment: the ready spans end at a
+kill (content.ready_spans), so a node the harness retired (the prewarm node) opens nothing after.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from .content import ready_spans
-from .queries import Run, node_of
+from .queries import Run, driver_versions, node_of
 
 
 def _starts(run: Run) -> list[tuple[str, float, float]]:
@@ -65,8 +68,14 @@ def failure_while_ready(run: Run) -> tuple[bool, str]:
     return False, "no start failed while another worker was ready"
 
 
+def fault_kills(run: Run) -> list[dict]:
+    """The harness's kills that are faults: a node it retires when its job is done (the prewarm
+    node: `barrier` empty) ends that node's ready span but is no fault."""
+    return [e for e in run.of("chaos.kill") if e.get("barrier") != ""]
+
+
 def kill_while_ready(run: Run) -> tuple[bool, str]:
-    for e in run.of("chaos.kill"):
+    for e in fault_kills(run):
         others = _ready_at(run, e["t"], e.get("worker"))
         if others:
             return True, f"{e.get('worker')} killed at {run.at(e)} while {others[0]} was ready"
@@ -74,7 +83,7 @@ def kill_while_ready(run: Run) -> tuple[bool, str]:
 
 
 def kill(run: Run) -> tuple[bool, str]:
-    kills = run.of("chaos.kill")
+    kills = fault_kills(run)
     return (True, f"{kills[0].get('worker')} killed at {run.at(kills[0])}") if kills else (False, "nobody was killed")
 
 
@@ -84,8 +93,7 @@ def restart(run: Run) -> tuple[bool, str]:
 
 
 def other_version_ready(run: Run) -> tuple[bool, str]:
-    begin = run.of("chaos.begin")
-    versions = (begin[0].get("versions") or {}) if begin else {}
+    versions = driver_versions(run)
     for node, ready, _ in ready_spans(run):
         for other in _ready_at(run, ready["t"], node):
             if versions.get(node) and versions.get(other) and versions[node] != versions[other]:
@@ -98,7 +106,7 @@ def ldconfig_while_ready(run: Run) -> tuple[bool, str]:
     spans = ready_spans(run)
     for e in run.of("chaos.ldconfig"):
         for node, ready, end in spans:
-            if ready["t"] <= e["t"] < end and any(p.get("kind") == "probe" and e["t"] < p["t"] < end
+            if node != node_of(e) and ready["t"] <= e["t"] < end and any(p.get("kind") == "probe" and e["t"] < p["t"] < end
                                                   for p in run.node_events(node)):
                 return True, f"ldconfig ({e.get('view')}) at {run.at(e)} while {node} was ready and probed after it"
     return False, "no ldconfig ran while a probed worker was ready"

@@ -56,6 +56,7 @@ import threading
 import time
 
 from gpujail.backends import cow, warm
+from gpujail.backends.probes import result_path, unanswered
 from gpujail.world import history
 from gpujail.world.sysops import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, RealSys
 
@@ -439,7 +440,7 @@ def probe_lookup(req: dict, mountpoints: set[str]) -> dict:
                         f"{LOADER_DEFAULT_DIRS[0]}/{soname}")
         resolved = entries[0] if entries else fallback
         res = probe_one(jail + resolved, host, True, mountpoints)
-        res.update(path=f"{jail}/ld.so.cache({soname})", lookup=soname,
+        res.update(path=result_path(req), lookup=soname,
                    resolved=("cache: " if entries else "not in the cache, default directory: ") + resolved)
         return res
     r, w = os.pipe()
@@ -448,15 +449,14 @@ def probe_lookup(req: dict, mountpoints: set[str]) -> dict:
         try:
             os.close(r)
             os.write(w, json.dumps({**_dlopen_in_jail(jail, soname, host, mountpoints),
-                                    "path": f"{jail}/dlopen({soname})", "lookup": soname}).encode())
+                                    "path": result_path(req), "lookup": soname}).encode())
         finally:
             os._exit(0)
     os.close(w)
     with os.fdopen(r) as f:
         out = f.read()
     os.waitpid(pid, 0)
-    return json.loads(out) if out else {"path": f"{jail}/dlopen({soname})", "lookup": soname, "size": None,
-                                        "attached": False, "error": "the chrooted lookup died"}
+    return json.loads(out) if out else {**unanswered([req], "the chrooted lookup died")[0], "lookup": soname}
 
 
 def _dlopen_in_jail(jail: str, soname: str, host: str | None, mountpoints: set[str]) -> dict:
@@ -490,26 +490,73 @@ def _dlopen_in_jail(jail: str, soname: str, host: str | None, mountpoints: set[s
     return res
 
 
+PROBE_TIMEOUT = 30.0   # one probe process's deadline: a library whose constructor hangs must not stall the run
+
+
 def op_probe(req: dict) -> dict:
+    """One result per requested file, in request order (SPEC section 6: a probe round covers every
+    file). A process of its own probes them (the loader caches what it loaded, by dev/inode); a file
+    it dies or hangs on (a library whose constructor crashes: a job loading it dies the same way) is
+    reported as not cleared, with the reason, and a fresh process probes the files after it."""
+    files = req["files"]
     mountpoints = {m.mountpoint for m in sysops.mounts()}
+    # The dlopen lookups first, while the process has loaded nothing: a library already loaded
+    # answers a dlopen of its soname at once, with no lookup at all.
+    order = sorted(range(len(files)), key=lambda i: files[i].get("via") != "dlopen")
+    results: dict[int, dict] = {}
+    while len(results) < len(files):
+        todo = [i for i in order if i not in results]
+        died = _probe_in_child(files, todo, mountpoints, results)
+        if died:   # it died on the first file it did not answer
+            culprit = next(i for i in todo if i not in results)
+            results[culprit] = unanswered([files[culprit]], f"{died} while probing this file")[0]
+    answer = [results[i] for i in range(len(files))]
+    history.record("probe", results=answer)
+    return {"results": answer}
+
+
+def _probe_in_child(files: list[dict], todo: list[int], mountpoints: set[str], results: dict[int, dict]) -> str | None:
+    """Probe files[i] for i in `todo`, in that order, in a forked child that sends one result per
+    line as it goes (into `results`). None when it answered them all, else how it died."""
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # a fresh process per round: the loader caches what it loaded (by dev/inode)
-        os.close(r)
-        # The dlopen lookups first, while this child has loaded nothing: a library already loaded
-        # answers a dlopen of its soname at once, with no lookup at all.
-        first = {i: probe_lookup(f, mountpoints) for i, f in enumerate(req["files"]) if f.get("via") == "dlopen"}
-        results = [first[i] if i in first else probe_lookup(f, mountpoints) if "lookup" in f else
-                   probe_one(f["path"], f.get("host"), f.get("load", False), mountpoints)
-                   for i, f in enumerate(req["files"])]
-        os.write(w, json.dumps(results).encode())
-        os._exit(0)
+    if pid == 0:
+        code = 1   # an exception in here is a death too, never a silent end
+        try:
+            os.close(r)
+            for i in todo:
+                f = files[i]
+                res = probe_lookup(f, mountpoints) if "lookup" in f else probe_one(
+                    f["path"], f.get("host"), f.get("load", False), mountpoints)
+                os.write(w, (json.dumps([i, res]) + "\n").encode())
+            code = 0
+        finally:
+            os._exit(code)
     os.close(w)
-    with os.fdopen(r) as f:
-        results = json.loads(f.read() or "[]")
-    os.waitpid(pid, 0)
-    history.record("probe", results=results)
-    return {"results": results}
+    deadline, buf, timed_out = time.monotonic() + PROBE_TIMEOUT, b"", False
+    with os.fdopen(r, "rb") as f:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([f], [], [], left)[0]:
+                timed_out = True
+                os.kill(pid, signal.SIGKILL)
+                break
+            chunk = os.read(f.fileno(), 1 << 16)
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                i, res = json.loads(line)
+                results[i] = res
+    _, status = os.waitpid(pid, 0)
+    if all(i in results for i in todo):
+        return None
+    if timed_out:
+        return f"the probe timed out after {PROBE_TIMEOUT:g} s"
+    if os.WIFSIGNALED(status):
+        return f"the probe process was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"the probe process exited with code {os.waitstatus_to_exitcode(status)}"
 
 
 def op_mounts(req: dict) -> dict:

@@ -12,6 +12,11 @@ sonames looked up as a job's loader does, through the jail's linker cache (Node.
 `ldconfig -p -C` and a chrooted `dlopen`), and `compat_files` the
 CUDA image's compat libraries a worker's CLI mounted (REF-6, CLI-3: what `list` never names).
 `problems(results)` turns probe results into one line per lost file (SPEC INV-1, INV-5).
+
+A probe round answers every file it was asked about (SPEC section 6, "What a PASS means"): a file
+the round could not clear (its probe process crashed or timed out on it, or the node did not
+answer) gets a result from `unanswered`, with `error` starting with `NO_RESULT` and saying why,
+which the checker reads as a violation, never as clean.
 """
 from __future__ import annotations
 
@@ -19,6 +24,21 @@ import os
 
 from gpujail.fixtures import drivers, nvc_info
 from gpujail.fixtures.jail import find_ldconfig
+
+NO_RESULT = "no result: "   # the `error` of a file a probe round could not clear
+
+
+def result_path(req: dict) -> str:
+    """The name a probe result gives request `req`: its jail path, or for a soname lookup
+    `JAIL/ld.so.cache(SONAME)` / `JAIL/dlopen(SONAME)` (what it looked through)."""
+    if "lookup" not in req:
+        return req["path"]
+    return f"{req['root']}/{'ld.so.cache' if req['via'] == 'ldconfig' else 'dlopen'}({req['lookup']})"
+
+
+def unanswered(requests: list[dict], why: str) -> list[dict]:
+    """A result for each request the probe could not clear, saying why (never a clean one)."""
+    return [{"path": result_path(f), "attached": False, "size": None, "error": NO_RESULT + why} for f in requests]
 
 
 def gpu_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility") -> list[dict]:

@@ -48,9 +48,13 @@ def pytest_outcome(code: int, interrupted: bool, report: dict | None) -> str:
         return "error"
     from gpujail.report import totals
     counts = totals(report)
-    if code == 1 or counts.get("failed") or counts.get("unexpected-pass"):
+    if counts.get("failed") or counts.get("unexpected-pass"):
         return "failed"
-    ran = sum(n for s, n in counts.items() if s != "skipped")
+    if counts.get("inconclusive"):   # a chaos run proved nothing and the expectations do not list it
+        return "inconclusive"
+    if code == 1:
+        return "failed"
+    ran = sum(n for s, n in counts.items() if s not in ("skipped", "expected-inconclusive"))
     return "passed" if ran else "inconclusive"
 
 

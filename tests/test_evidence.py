@@ -1,0 +1,156 @@
+"""SPEC section 6, "What a PASS means": the checker never turns missing evidence into a pass.
+
+Each test feeds the checker (or the probe, or the runner) one hole a reviewer found (issue 30): a
+probe that crashed and came back empty or short, a ready span the probes never reached or did not
+reach after a neighbour failed, a node retired without an event ending its ready span, a fault
+window opened on a node that was not a live ready worker, and an UNKNOWN or INCONCLUSIVE run that
+the gate let through. Pure, except the probe and the runner tests (kernel: real nodes).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from gpujail.chaos.checker import UNKNOWN, check, ready_spans
+from gpujail.chaos.checkers.queries import Run
+from gpujail.chaos.checkers.windows import opened
+from test_checker import CUDA, FILES, NVML, History, good_final, good_run, statuses
+
+from gpujail import options
+from gpujail.commands import run as running
+
+FILES_ASKED = len(FILES)
+
+
+def test_a_probe_that_came_back_empty_is_a_violation_not_clean():
+    """A crashing library killed the probe child; its output read as [] counted as clean."""
+    h = History()
+    h.ready_worker(0.0, "A")
+    h.add(0.06, "A", "probe", results=[])
+    h.add(0.6, "host", "chaos.end")
+    verdict = check(h.events, good_final())
+    assert verdict.results["INV-5"].valid is False, verdict.summary()
+    assert "returned 0 of" in verdict.explanation
+
+
+def test_a_probe_round_short_of_files_is_a_violation_for_the_files_it_did_not_clear():
+    h = good_run()
+    short = h.probe(0.55, "A")
+    short["results"] = [r for r in short["results"] if not r["path"].endswith(CUDA)]
+    h.probe(0.58, "A")   # a later full round does not excuse the short one
+    verdict = check(h.events, good_final())
+    assert statuses(verdict)["INV-1"] == "FAIL", verdict.summary()
+    assert CUDA in verdict.explanation and f"returned {FILES_ASKED - 1} of {FILES_ASKED}" in verdict.explanation
+
+
+def test_a_file_the_probe_could_not_clear_says_why():
+    from gpujail.backends.probes import NO_RESULT
+    h = History()
+    h.ready_worker(0.0, "A")
+    h.probe(0.06, "A", **{NVML: {"attached": False, "size": None,
+                                 "error": NO_RESULT + "the probe process was killed by SIGSEGV while probing this file"}})
+    verdict = check(h.events, good_final())
+    assert verdict.results["INV-5"].valid is False
+    assert "killed by SIGSEGV while probing this file" in verdict.explanation
+
+
+@pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc to build a library whose constructor crashes")
+def test_probe_answers_every_file_when_a_library_crashes_or_hangs_the_probe(tmp_path, monkeypatch):
+    """node.py's probe: one result per file asked, in order; the crashing and the hanging library
+    are not cleared and say why; the files after them are still probed (a fresh child)."""
+    from gpujail.backends import node
+    for name, body in (("crash", "raise(SIGSEGV);"), ("hang", "for (;;) pause();")):
+        (tmp_path / f"{name}.c").write_text("#include <signal.h>\n#include <unistd.h>\n"
+                                            f"__attribute__((constructor)) static void f(void) {{ {body} }}\n")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / f"lib{name}.so", tmp_path / f"{name}.c"], check=True)
+    (tmp_path / "plain").write_bytes(b"x" * 100)
+    monkeypatch.setattr(node, "PROBE_TIMEOUT", 2.0)
+    files = [{"path": str(tmp_path / "libcrash.so"), "load": True}, {"path": str(tmp_path / "libhang.so"), "load": True},
+             {"path": str(tmp_path / "plain"), "host": str(tmp_path / "plain")}]
+    results = node.op_probe({"files": files})["results"]
+    assert [r["path"] for r in results] == [f["path"] for f in files]
+    assert results[0]["size"] is None and "killed by SIGSEGV" in results[0]["error"]
+    assert results[1]["size"] is None and "timed out" in results[1]["error"]
+    assert results[2]["size"] == 100 and results[2]["same_bytes"] is True
+
+
+def test_a_ready_span_the_probes_never_reached_is_unknown_not_a_pass():
+    h = good_run()
+    h.ready_worker(0.3, "C", missing=0)   # ready, never probed
+    verdict = check(h.events, good_final())
+    for inv in ("INV-1", "INV-5"):
+        assert verdict.results[inv].valid == UNKNOWN and "C was never probed" in verdict.results[inv].note
+
+
+def test_a_ready_span_not_probed_after_a_neighbour_failed_is_unknown():
+    h = good_run()
+    h.add(0.55, "D", "worker.start", impl="reference", attempt=0)
+    h.add(0.57, "D", "worker.exit", code=4, error="configure failed")   # after every probe of A and B
+    verdict = check(h.events, good_final())
+    assert verdict.results["INV-1"].valid == UNKNOWN
+    assert "A was not probed after D's worker.exit" in verdict.results["INV-1"].note
+    h.probe(0.58, "A")
+    h.probe(0.58, "B")
+    assert {statuses(check(h.events, good_final()))[i] for i in ("INV-1", "INV-5")} == {"PASS"}
+
+
+def _retired_prewarm() -> list[dict]:
+    """The prewarm node ready and probed, then retired by the harness (a kill at no barrier); w1
+    starts afterwards, alone, and fails."""
+    h = History()
+    h.add(0.0, "host", "chaos.begin", scenario="s", impl="reference", seed=0, schedule={}, versions={})
+    h.ready_worker(0.0, "prewarm")
+    h.probe(0.05, "prewarm")
+    h.add(0.06, "host", "chaos.kill", worker="prewarm", barrier="")
+    h.add(0.1, "w1", "worker.start", impl="reference", attempt=0)
+    h.add(0.2, "w1", "worker.exit", code=4, error="configure failed")
+    return h.events
+
+
+def test_a_retired_node_opens_no_window():
+    run = Run(_retired_prewarm(), None)
+    assert opened("failure-while-ready", run)[0] is False
+    assert opened("kill-while-ready", run)[0] is False
+    ok, why = opened("kill", run)
+    assert ok is False, why   # retiring the prewarm node is no fault
+
+
+def test_an_ldconfig_opens_no_window_on_its_own_node():
+    """The GPU ldconfig nemesis is ready and probed at the end: its own ldconfig runs are not a window."""
+    h = History()
+    h.ready_worker(0.0, "ldconfig-node")
+    h.add(0.1, "ldconfig-node", "chaos.ldconfig", view="gpu", code=0)
+    h.probe(0.2, "ldconfig-node")
+    assert opened("ldconfig-while-ready", Run(h.events, None))[0] is False
+
+
+@pytest.mark.kernel
+def test_the_runner_ends_the_prewarm_span_at_its_kill_and_probes_it(tmp_path):
+    from gpujail.chaos import runner, scenario
+
+    from gpujail.world import history
+    result = runner.run(scenario.Scenario(name="warm", gpu_workers=1, warm=True), "reference", tmp_path / "run")
+    run = Run(history.load(str(result.history_path)), None)
+    (prewarm,) = [(ready, end) for node, ready, end in ready_spans(run) if node == "prewarm"]
+    assert prewarm[1] != float("inf"), "the prewarm node's ready span never ended"
+    assert any(e["kind"] == "probe" and prewarm[0]["t"] <= e["t"] < prewarm[1] for e in run.node_events("prewarm"))
+    assert result.verdict.valid is True, result.report()
+
+
+# -- the gate: UNKNOWN and INCONCLUSIVE are not success ------------------------------------------
+
+def test_an_unlisted_inconclusive_run_fails_the_gate():
+    from test_cli import summary_of
+    summary = summary_of([{"test": "t0", "status": "passed", "reason": "", "ids": ["INV-1"]},
+                          {"test": "t1", "status": "inconclusive", "reason": "INCONCLUSIVE: ...", "ids": ["INV-1"]}])
+    assert running.pytest_outcome(1, False, summary) == "inconclusive"
+    summary["requirements"]["INV-1"]["tests"][1]["status"] = "expected-inconclusive"
+    assert running.pytest_outcome(0, False, summary) == "passed"
+
+
+def test_an_inconclusive_expectation_needs_a_reason(tmp_path):
+    f = tmp_path / "x.toml"
+    f.write_text('[inconclusive]\n"test_scenario[failing-neighbour]" = " "\n')
+    with pytest.raises(options.BadInput, match=r"\[inconclusive\] test_scenario\[failing-neighbour\]: no reason"):
+        options.load_expectations(options.Value("expectations", str(f), "command line"))
