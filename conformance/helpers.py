@@ -159,3 +159,16 @@ def paused_at(world, impl, failpoint: str, req: str, where: str, node: str = "w"
         pytest.fail(f"{req}: worker {node} never reached the failpoint {failpoint} {where} (exit "
                     f"{result[node].attempts[-1].code})")
     return barrier, t, result
+
+
+def mps_hosts(world) -> dict:
+    """`world.start` options for a GPU worker whose host runs MPS (its pipe directory
+    /tmp/nvidia-mps, fixtures/drivers.py), or a skip where this backend cannot make such a host:
+    the docker backend, and the kernel backend in a user namespace, do not overlay it yet (there
+    the driver tree's /tmp would be a read-only overlay hiding the run directory under TMPDIR)."""
+    if os.getuid() != 0:
+        pytest.skip("the kernel backend in a user namespace cannot make a host run MPS yet (/tmp is not copy-on-write there)")
+    node = world.node("mps-check", mps=True)
+    if node.run(["test", "-d", "/tmp/nvidia-mps"]).code != 0:
+        pytest.skip("this backend cannot make a host run MPS: no /tmp/nvidia-mps on its nodes")
+    return {"node_options": {"mps": True}}

@@ -15,6 +15,7 @@ from gpujail.conformance.helpers import (
     changes,
     lost,
     lost_files,
+    mps_hosts,
     not_ready,
     one_line_error,
     paused_at,
@@ -54,7 +55,7 @@ def test_failing_neighbour_keeps_the_mps_pipe_directory(world):
     batch: it unmounts each target in its own namespace, then removes it (an empty directory
     included, K-1: A's mount on it detaches, and A's MPS clients lose their daemon). A's mount on
     the pipe directory must stay."""
-    mps = {"node_options": {"mps": True}}
+    mps = mps_hosts(world)
     a = world.start("A", **mps)
     assert a.ready, not_ready("REF-3 (a host running MPS)", a)
     mounted = [e["dst"] for e in world.history() if e.get("node") == "A" and e["kind"] in ("cli.mount", "impl.mount")]

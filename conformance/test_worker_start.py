@@ -20,6 +20,7 @@ from gpujail.conformance.helpers import (
     changes,
     lost,
     lost_files,
+    mps_hosts,
     new_entries,
     not_ready,
     one_line_error,
@@ -113,7 +114,7 @@ def test_mps_host_gets_a_directory_at_the_pipe_directory(world):
     and configure bind-mounts that directory. Its target gets a directory, never a file marker (the
     CLI then fails "not a directory" and no worker ever becomes ready); a second worker finds it
     present."""
-    mps = {"node_options": {"mps": True}}
+    mps = mps_hosts(world)
     first = world.start("first", **mps)
     assert first.ready, not_ready("REF-3 (a host running MPS: /tmp/nvidia-mps is a directory)", first)
     st = os.lstat(world.jail / "tmp/nvidia-mps")
