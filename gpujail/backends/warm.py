@@ -332,21 +332,27 @@ class CliServer:
                 _close(*self.loop_fds, *self.runs)   # the node's loop: not the fake's to hold
                 for other in self.runs.values():
                     other[0].close()
-                if mnt is not None:
-                    _setns(mnt)
-                os.fchdir(cwd)
-                os.umask(it["umask"])
-                for target, fd in enumerate(taken[:3]):
+                for target, fd in enumerate(taken[:3]):   # first: a failure below is told to the client
                     if fd is None:
                         _close(target)
                     else:
                         os.dup2(fd, target)
+                if mnt is not None:
+                    _setns(mnt)
+                os.fchdir(cwd)   # fails on a jail whose network filesystem is down (ENOTCONN)
+                os.umask(it["umask"])
                 _close(pidfd, cwd, mnt, *taken)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            finally:
-                cli = self.fake_cli
-                become([cmdline[1] if len(cmdline) > 1 else cmdline[0], *args], env,
-                       lambda: sys.exit(cli.main(args, sysops=cli.CliSys(ppid=ppid))))
+            except BaseException as e:
+                # As a CLI that could not start there: exit 1 with one line on the client's stderr.
+                # Never go on to run the fake: until the loop above, fds 0-2 are the server's own,
+                # the node's protocol channel, which the fake's output would corrupt.
+                with contextlib.suppress(BaseException):
+                    os.write(2, f"nvidia-container-cli: cannot start in the caller's place: {e}\n".encode())
+                os._exit(1)
+            cli = self.fake_cli
+            become([cmdline[1] if len(cmdline) > 1 else cmdline[0], *args], env,
+                   lambda: sys.exit(cli.main(args, sysops=cli.CliSys(ppid=ppid))))
         _close(cwd, mnt, *taken)
         return [conn, pidfd, os.pidfd_open(fake), fake]
 
