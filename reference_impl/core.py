@@ -432,8 +432,8 @@ def verify(ctx: Ctx, before: dict, expected: list[tuple[str, str]] = (), min_siz
     new = list(dict.fromkeys(m.mountpoint for i, m in after.items() if i not in before))
     if not new:
         raise Fatal("verify-failed", "the CLI reported success but created no mounts under the jail")
-    real_dirs: dict[str, str] = {}
-    gone = [rel for _, rel in expected if _resolved(ctx, os.path.join(ctx.jail, rel), real_dirs) not in set(new)]
+    real_dirs, attached = {}, set(new)
+    gone = [rel for _, rel in expected if _resolved(ctx, os.path.join(ctx.jail, rel), real_dirs) not in attached]
     if gone:
         more = f" (and {len(gone) - 1} more)" if len(gone) > 1 else ""
         raise Fatal("verify-failed", f"{ctx.jail}/{gone[0]}: not mounted after configure{more}: detached "
