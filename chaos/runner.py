@@ -58,6 +58,7 @@ class ChaosRun:
     verdict: checker.Verdict
     workers: dict[str, Worker] = field(default_factory=dict)
     timeline: Path | None = None
+    kept: Path | None = None   # where keep() copied the run's files
     windows: dict[str, tuple[bool, str]] = field(default_factory=dict)   # declared window -> (opened, where/why not)
 
     def unopened(self) -> list[str]:
@@ -108,9 +109,11 @@ class ChaosRun:
             if (self.run_dir / name).exists():
                 shutil.copy(self.run_dir / name, dest / name)
         self.timeline = dest / "timeline.html" if self.timeline else None
+        self.kept = dest   # the report names the copies that outlive the run
 
     def report(self) -> str:
-        where = f"\nhistory: {self.history_path}" + (f"\ntimeline: {self.timeline}" if self.timeline else "")
+        where = (f"\nhistory: {(self.kept or self.run_dir) / 'history.jsonl'}"
+                 + (f"\ntimeline: {self.timeline}" if self.timeline else ""))
         unfired = self.unfired()
         note = f"\narmed but never acted: {', '.join(unfired)}" if unfired else ""
         opened = "".join(f"\n  window {w}: {'opened' if ok else 'NEVER OPENED'}: {why}"

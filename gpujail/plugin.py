@@ -320,6 +320,9 @@ class Suite:
         launcher's line, filed as the run's `unavailable` (exit 3, as a backend that is not there),
         and the session stops, since every other test would meet the same cluster."""
         report = yield
+        verdict = dict(item.user_properties).get("verdict")
+        if verdict and report.failed and "XPASS(strict)" in report.longreprtext:   # why it passed, in the log
+            report.longrepr = f"{report.longreprtext}\nthe run's verdict:\n{verdict}"
         if report.failed and call.excinfo is not None and self.value("launcher"):
             from gpujail.launchers.coordinator import launch_failure
             failure = launch_failure(call.excinfo.value)
