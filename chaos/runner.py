@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujail.chaos import checker, timeline
+from gpujail.chaos.checkers import cells as fault_cells
 from gpujail.chaos.checkers import windows as fault_windows
 from gpujail.chaos.checkers.content import NOBODY_READY
 from gpujail.chaos.scenario import SYSCALL, Scenario
@@ -59,6 +60,7 @@ class ChaosRun:
     workers: dict[str, Worker] = field(default_factory=dict)
     timeline: Path | None = None
     kept: Path | None = None   # where keep() copied the run's files
+    cells: list[str] = field(default_factory=list)   # the fault-table cells it exercised (checkers/cells.py)
     windows: dict[str, tuple[bool, str]] = field(default_factory=dict)   # declared window -> (opened, where/why not)
 
     def unopened(self) -> list[str]:
@@ -282,6 +284,12 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             for entry in spec.split(";"):
                 failpoint, _, term = entry.partition("=")
                 log("chaos.fault", worker=w, failpoint=failpoint, term=term)
+        restarts = scenario.restart_schedule()
+        for w, by_attempt in restarts.items():
+            for attempt, spec in by_attempt.items():
+                for entry in spec.split(";"):
+                    failpoint, _, term = entry.partition("=")
+                    log("chaos.fault", worker=w, failpoint=failpoint, term=term, start=attempt + 1)
         # Syscall faults: the worker's CLI runs under strace --inject (fixtures/syscall_faults.py).
         syscalls = scenario.syscall_schedule()
         if syscalls and syscall_faults.unavailable():
@@ -298,10 +306,13 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
 
         def go(wid: str, role: str, version: str | None) -> None:
             try:
+                if wid in scenario.start_after:   # started by the harness once that barrier is released
+                    Barrier(scenario.start_after[wid], str(run_dir / "barriers")).wait_released()
                 workers[wid] = start_worker(
                     fleet, wid, impl, role=role, version=version, policy=policy, capabilities=scenario.capabilities,
                     env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
                     first_attempt_env=first_env.get(wid),
+                    attempt_env={a: {"GPUJAIL_FAILPOINTS": spec} for a, spec in restarts.get(wid, {}).items()},
                     on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,
                     node_options={**({"jail_readonly": True} if scenario.read_only else {}),
                                   **({"mps": True} if scenario.mps else {})})
@@ -379,16 +390,18 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
     verdict = checker.check(events, final_state)
     run_view = checker.Run(events, final_state)
     result = ChaosRun(scenario, impl, seed, run_dir, verdict, workers,
-                      windows={w: fault_windows.opened(w, run_view) for w in scenario.windows})
+                      windows={w: fault_windows.opened(w, run_view) for w in scenario.windows},
+                      cells=fault_cells.exercised(run_view))
     if verdict.valid is not True:
         result.timeline = timeline.render(events, verdict, run_dir / "timeline.html")
     return result
 
 
 def _keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict, log) -> None:
-    """Release each barrier once every GPU worker arrived or finished; kill who must die there,
-    either when it arrives or at the release (when everyone else is ready)."""
-    gpu = [w for w, role, _ in scenario.workers if role == "gpu-worker"]
+    """Release each barrier once every GPU worker arrived or finished (but those the harness starts
+    only at its release); kill who must die there, either when it arrives or at the release (when
+    everyone else is ready)."""
+    all_gpu = [w for w, role, _ in scenario.workers if role == "gpu-worker"]
     pending = {name: Barrier(name, str(run_dir / "barriers")) for name in scenario.barriers}
     kills = {(k.worker, k.barrier): k.when for k in scenario.kills}
 
@@ -405,16 +418,32 @@ def _keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict
                 killed = True
         return killed
 
+    def arrivals(name: str) -> set[str]:
+        return {f.split(".")[2] for f in os.listdir(pending[name].dir) if f.startswith(f"{name}.arrived.")}
+
+    def release(name: str, arrived: set[str], **why) -> None:
+        kill_due(name, arrived, "release")
+        pending.pop(name).release()
+        log("chaos.release", barrier=name, arrived=sorted(arrived), **why)
+
     while pending:
-        for name, barrier in list(pending.items()):
-            arrived = {f.split(".")[2] for f in os.listdir(barrier.dir) if f.startswith(f"{name}.arrived.")}
+        for name in list(pending):
+            arrived = arrivals(name)
             killed_here = kill_due(name, arrived, "arrival")
+            gpu = [w for w in all_gpu if scenario.start_after.get(w) != name]
             finished = {w for w in gpu if not threads[w].is_alive()}
             # A barrier that existed to kill someone at arrival opens right after the kill (the
             # others must not queue behind it); otherwise once every GPU worker arrived or finished.
             if killed_here or len(arrived | finished) >= len(gpu):
-                kill_due(name, arrived, "release")
-                barrier.release()
-                log("chaos.release", barrier=name, arrived=sorted(arrived))
-                del pending[name]
+                release(name, arrived)
+        # Everyone started and alive waits at some barrier (at different ones, or the workers meant
+        # to start at a barrier wait for one that paused elsewhere first): nobody can move until a
+        # barrier opens, so open the first in the scenario's order. This is how a scenario orders
+        # its barriers (the fault table's `late` before `hold`: w0 fails while its neighbours are
+        # still paused); a scenario whose workers meet at one barrier never gets here.
+        paused = set().union(*(arrivals(name) for name in pending)) if pending else set()
+        started = [w for w in all_gpu if scenario.start_after.get(w) not in pending and threads[w].is_alive()]
+        if pending and all(w in paused for w in started):
+            first = next(name for name in scenario.barriers if name in pending)
+            release(first, arrivals(first), stalled=True)
         time.sleep(0.002)

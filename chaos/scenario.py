@@ -30,6 +30,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     worker = "*"
     failpoint = "cli.before_mkdir"
     term = "1*pause(race)"
+    start = 1                  # 2: the fault hits the worker's first restart instead
     [[faults]]                 # a syscall fault: the CLI runs under strace --inject (fixtures/syscall_faults.py)
     worker = "w5"              # `syscall.NAME`: the system call; the term in that module's grammar
     failpoint = "syscall.mount"
@@ -38,6 +39,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     worker = "w1"              # or "*": whoever reaches it first
     when = "release"           # or "arrival" (default): kill at once, e.g. the lock holder others queue behind
     barrier = "hold"
+    start_after = { w1 = "creator" }   # the harness starts w1 only once barrier "creator" is released
 
 `mode = "random"` replaces the fixed schedule by seeded random faults: each GPU worker's first
 start gets `P%sleep(ms)` terms on the CLI's steps and, with probability `fail_rate`, a
@@ -62,7 +64,8 @@ DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
         "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "hostile_links",
-        "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults"}
+        "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults",
+        "start_after"}
 
 
 class ScenarioError(ValueError):
@@ -74,6 +77,7 @@ class Fault:
     worker: str        # worker id or "*"
     failpoint: str
     term: str
+    start: int = 1     # which start of the worker it hits (1: the first; 2: its first restart)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class Scenario:
     ldconfig: dict = field(default_factory=dict)
     jail_fs: str = ""            # the jail's file system this scenario needs ("": the run's --jail-fs)
     net_faults: list = field(default_factory=list)   # faults only a network jail has (jailfs.NetFault)
+    start_after: dict[str, str] = field(default_factory=dict)   # worker -> the barrier whose release starts it
 
     @property
     def workers(self) -> list[tuple[str, str, str | None]]:
@@ -146,7 +151,7 @@ class Scenario:
         random schedule in random mode."""
         specs: dict[str, list[str]] = {w: [] for w, _, _ in self.workers}
         for f in self.faults:
-            if f.failpoint.startswith(SYSCALL):   # not a failpoint: syscall_schedule's
+            if f.failpoint.startswith(SYSCALL) or f.start != 1:   # syscall_schedule's, restart_schedule's
                 continue
             for w in specs if f.worker == "*" else [f.worker]:
                 specs[w].append(f"{f.failpoint}={f.term}")
@@ -163,6 +168,16 @@ class Scenario:
                     jitter["cli.before_mount"] = f"{rng.randint(3, 40)}*off->return(EIO)"
                 specs[w] += [f"{fp}={term}" for fp, term in jitter.items() if fp not in taken]
         return {w: ";".join(s) for w, s in specs.items() if s}
+
+    def restart_schedule(self) -> dict[str, dict[int, str]]:
+        """GPUJAIL_FAILPOINTS per worker and attempt (1: its first restart) for the faults that hit
+        a later start than the first."""
+        specs: dict[str, dict[int, list[str]]] = {}
+        for f in self.faults:
+            if f.start != 1:
+                for w in [w for w, _, _ in self.workers] if f.worker == "*" else [f.worker]:
+                    specs.setdefault(w, {}).setdefault(f.start - 1, []).append(f"{f.failpoint}={f.term}")
+        return {w: {a: ";".join(s) for a, s in by.items()} for w, by in specs.items()}
 
     def syscall_schedule(self) -> dict[str, str]:
         """GPUJAIL_SYSCALL_FAULTS per worker for its first start: its `syscall.NAME` faults, which

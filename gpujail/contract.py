@@ -86,9 +86,11 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
                  version: str | None = None, policy: RestartPolicy | None = None,
                  capabilities: str = "compute,utility", env: dict[str, str] | None = None,
                  timeout: float | None = None, node_options: dict | None = None,
-                 first_attempt_env: dict[str, str] | None = None, on_node=None) -> Worker:
+                 first_attempt_env: dict[str, str] | None = None, on_node=None,
+                 attempt_env: dict[int, dict[str, str]] | None = None) -> Worker:
     """Start a worker and restart it by `policy` until it reports ready or gives up.
-    `first_attempt_env` is added to the first start only (a transient fault); `on_node(node)` is
+    `first_attempt_env` is added to the first start only (a transient fault), `attempt_env[i]` to
+    start i (0 the first: a fault that hits the restart, not the start before it); `on_node(node)` is
     called with each new node (the chaos runner uses it to kill nodes). A node that dies under the
     implementation (killed) counts as a failed attempt with code "killed". A restart whose node cannot be set
     up is a failed attempt with code "no-node". A start that reaches its
@@ -122,7 +124,8 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
         log("worker.start", impl=impl, attempt=attempt)
         if on_node:
             on_node(node)
-        extra = {**(env or {}), **((first_attempt_env or {}) if attempt == 0 else {})}
+        extra = {**(env or {}), **((first_attempt_env or {}) if attempt == 0 else {}),
+                 **(attempt_env or {}).get(attempt, {})}
         try:
             result = node.run(argv, env=node.contract_env(capabilities, extra), timeout=timeout)
         except RuntimeError as e:   # the node died under it: killed, as a container can be

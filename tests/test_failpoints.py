@@ -220,12 +220,12 @@ def test_kill_and_panic_end_the_process_without_cleanup(tmp_path, action, signal
     assert (event["kind"], event["name"], event["action"], event["node"]) == ("failpoint", NAME, action, "child")
 
 
-def test_barrier_round_trip_with_a_subprocess(tmp_path):
-    """CLI-8: `pause(b)` blocks the process at the failpoint until the harness sees it arrive and
-    releases the barrier: how a chaos test lines up N CLIs in the same window."""
+def _released_after_arrival(spec: str, tmp_path) -> tuple[subprocess.Popen, str, str]:
+    """Run a child armed with `spec` on barrier `b`; once it has arrived (and is still waiting),
+    release it. The child, its stdout and stderr."""
     barriers = tmp_path / "barriers"
     barriers.mkdir()
-    p = _child("cli.before_mkdir=pause(b)", tmp_path, GPUJAIL_BARRIERS=str(barriers))
+    p = _child(spec, tmp_path, GPUJAIL_BARRIERS=str(barriers))
     try:
         barrier = Barrier("b", directory=str(barriers))
         barrier.wait_arrivals(1)
@@ -236,9 +236,25 @@ def test_barrier_round_trip_with_a_subprocess(tmp_path):
     finally:
         p.kill()
         p.wait()
+    return p, out, err
+
+
+def test_barrier_round_trip_with_a_subprocess(tmp_path):
+    """CLI-8: `pause(b)` blocks the process at the failpoint until the harness sees it arrive and
+    releases the barrier: how a chaos test lines up N CLIs in the same window."""
+    p, out, err = _released_after_arrival("cli.before_mkdir=pause(b)", tmp_path)
     assert p.returncode == 0 and out == "passed\n", err
     [event] = history.load(str(tmp_path / "child.jsonl"))
     assert (event["action"], event["arg"], event["path"]) == ("pause", "b", "/jail/x")
+
+
+def test_wait_pauses_then_the_same_hit_goes_on_down_the_chain(tmp_path):
+    """CLI-8: `1*wait(b)->return(EIO)` blocks the hit like `pause(b)` and, once released, fails that
+    same hit: a step hit only once (cli.before_exit) can wait for its moment and then fail."""
+    p, out, err = _released_after_arrival("cli.before_mkdir=1*wait(b)->return(EIO)", tmp_path)
+    assert p.returncode != 0 and "passed" not in out and "Input/output error" in err, err
+    events = history.load(str(tmp_path / "child.jsonl"))
+    assert [(e["hit"], e["action"], e["arg"]) for e in events] == [(1, "wait", "b"), (1, "return", "EIO")]
 
 
 def test_barrier_needs_a_directory(monkeypatch):

@@ -4,13 +4,13 @@ How this works
 --------------
 `GPUJAIL_FAILPOINTS='cli.before_mkdir=1*pause(race);cli.after_mount=2*off->return(EIO)'` arms
 failpoints for every process that inherits the environment. Grammar (gofail's, unchanged, plus
-`pause(barrier)` from pingcap and `kill`):
+`pause(barrier)` from pingcap, `wait(barrier)` and `kill`):
 
     spec   := entry (';' entry)*
     entry  := NAME '=' term ('->' term)*
     term   := [N '*' | P '%'] action ['(' arg ')']
             | N '*' P '%' action ['(' arg ')']
-    action := off | return | sleep | panic | print | pause | kill
+    action := off | return | sleep | panic | print | pause | wait | kill
 
 Each hit walks the chain from the start and fires the first term that *allows* it, as gofail's
 runtime/terms.go (`terms.eval`, `modCount`, `modProb`, `modList`): `N*term` allows its next N hits
@@ -23,6 +23,9 @@ no term allows does nothing. Hits are counted per process.
 Actions: `return(ERRNO|"message")` makes the step fail as the syscall would (OSError), `sleep(ms)`,
 `panic` aborts (SIGABRT, no cleanup), `kill` SIGKILLs the process (no cleanup), `print` writes the
 name to stderr, `pause(barrier)` blocks until the harness releases the barrier (see `Barrier`).
+`wait(barrier)` pauses too, then lets the same hit go on down the chain (the terms after it): a
+step that is hit once can wait for its moment and then fail (`1*wait(late)->return(EIO)`), which the
+chaos fault table needs for steps such as `cli.before_exit`.
 
 Every hit of an armed failpoint is recorded in the history (`failpoint` event, with the action), so
 a test can check that what it armed actually fired. A malformed spec or an unknown name raises
@@ -70,7 +73,7 @@ REGISTRY = {
     "ref.before_verify": "implementation: after configure, before verification",
     "ref.before_ready": "implementation: verified, before the done flag and exit 0",
 }
-ACTIONS = ("off", "return", "sleep", "panic", "print", "pause", "kill")
+ACTIONS = ("off", "return", "sleep", "panic", "print", "pause", "wait", "kill")
 
 
 class FailpointSpecError(ValueError):
@@ -120,12 +123,12 @@ def parse(spec: str) -> dict[str, Failpoint]:
             action, arg = m["action"], m["arg"]
             if action not in ACTIONS:
                 raise FailpointSpecError(f"{where}: unknown action {action!r}, expected one of {', '.join(ACTIONS)}")
-            if action in ("return", "sleep", "pause") and not arg:
+            if action in ("return", "sleep", "pause", "wait") and not arg:
                 raise FailpointSpecError(f"{where}: {action} needs an argument")
             if action == "sleep" and not arg.isdigit():
                 raise FailpointSpecError(f"{where}: sleep takes milliseconds, got {arg!r}")
-            if action == "pause" and not os.environ.get(BARRIERS_ENV):
-                raise FailpointSpecError(f"{where}: pause needs {BARRIERS_ENV} to name a barrier directory")
+            if action in ("pause", "wait") and not os.environ.get(BARRIERS_ENV):
+                raise FailpointSpecError(f"{where}: {action} needs {BARRIERS_ENV} to name a barrier directory")
             if action == "return" and not (arg.startswith('"') or isinstance(getattr(errno, arg, None), int)):
                 raise FailpointSpecError(f"{where}: return takes an errno name or a quoted message, got {arg!r}")
             terms.append(Term(action, arg, int(m["count"]) if m["count"] else None,
@@ -184,6 +187,10 @@ def hit(name: str, **context) -> None:
         return
     fp.hits += 1
     term = _current_term(fp)
+    while term is not None and term.action == "wait":   # wait for the moment, then the rest of the chain
+        history.record("failpoint", name=name, hit=fp.hits, action="wait", arg=term.arg, **context)
+        Barrier(term.arg).arrive_and_wait()
+        term = _current_term(fp, fp.terms.index(term) + 1)
     action = term.action if term else "off"
     history.record("failpoint", name=name, hit=fp.hits, action=action, arg=term.arg if term else None, **context)
     if action == "off":
@@ -214,9 +221,9 @@ def replay_hit(name: str, nth: int, **context) -> None:
     hit(name, **context)
 
 
-def _current_term(fp: Failpoint) -> Term | None:
-    """gofail's terms.eval: the first term of the chain whose mods allow this hit."""
-    for term in fp.terms:
+def _current_term(fp: Failpoint, start: int = 0) -> Term | None:
+    """gofail's terms.eval: the first term of the chain (from `start`) whose mods allow this hit."""
+    for term in fp.terms[start:]:
         if term.count is not None:       # modCount.allow: spend one of the N
             if term.count <= 0:
                 continue
@@ -254,6 +261,14 @@ class Barrier:
             if time.monotonic() > deadline:
                 raise OSError(errno.ETIMEDOUT, f"barrier {self.name} never released")
             time.sleep(0.001)
+
+    def wait_released(self, timeout: float = 300.0) -> None:
+        """Block until the harness releases this barrier (a worker it starts only then)."""
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(os.path.join(self.dir, f"{self.name}.release")):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"barrier {self.name} never released within {timeout:g}s")
+            time.sleep(0.002)
 
     def wait_arrivals(self, n: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
