@@ -29,6 +29,8 @@ BUNDLED = {
     "reference": [sys.executable, "-S", "-m", "gpujail.reference_impl", "reference"],
     "legacy": [sys.executable, "-S", "-m", "gpujail.reference_impl", "legacy"],
     "direct": [sys.executable, "-S", "-m", "gpujail.reference_impl", "direct"],
+    "cdi-naive": [sys.executable, "-S", "-m", "gpujail.reference_impl", "cdi-naive"],
+    "cdi": [sys.executable, "-S", "-m", "gpujail.reference_impl", "cdi"],
     "example-shell": ["sh", str(Path(reference_impl.__file__).parent / "example.sh")],
 }
 

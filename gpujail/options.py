@@ -43,7 +43,7 @@ class Option:
 
 OPTIONS = [
     Option("impl", "GPUJAIL_IMPL", "reference",
-           "implementation under test: reference, legacy, direct, example-shell, mutant:NAME, or a command "
+           "implementation under test: reference, legacy, direct, cdi, cdi-naive, example-shell, mutant:NAME, or a command "
            "string with {jail} {node} {role}"),
     Option("backend", "GPUJAIL_BACKEND", "kernel", "kernel | model | docker"),
     Option("workers", "GPUJAIL_WORKERS", str(DEFAULT_WORKERS),

@@ -12,13 +12,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
-from gpujail.reference_impl import core, direct, legacy, reference
+from gpujail.reference_impl import cdi, core, direct, legacy, reference
 
 from gpujail.world import failpoints, history
 from gpujail.world.sysops import RealSys
 
-IMPLEMENTATIONS = {"reference": reference, "legacy": legacy, "direct": direct}
-USAGE = "usage: python -m gpujail.reference_impl {reference|legacy|direct|mutant:NAME} [start|populate-cleanup]"
+IMPLEMENTATIONS = {"reference": reference, "legacy": legacy, "direct": direct, "cdi-naive": cdi.NAIVE, "cdi": cdi.FIXED}
+USAGE = "usage: python -m gpujail.reference_impl {reference|legacy|direct|cdi-naive|cdi|mutant:NAME} [start|populate-cleanup]"
 
 
 def implementation(name: str):

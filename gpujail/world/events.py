@@ -152,6 +152,23 @@ _kind("cli.setns", "fixtures/fake_cli.py", "path:str",
 _kind("cli.ldconfig", "fixtures/fake_cli.py", "argv:list", "configure runs ldconfig on the rootfs (SPEC CLI-7)")
 _kind("cli.exit", "fixtures/fake_cli.py", "code:int error:str?", "the CLI exits (with its error line on failure)")
 
+# -- the fake NVIDIA Container Toolkit (fixtures/fake_ctk.py, fixtures/fake_cdi_hook.py) --------------
+_kind("cdi.generate", "fixtures/fake_ctk.py", "devices:int mounts:int hooks:int format:str",
+      "`nvidia-ctk cdi generate` wrote a spec: its devices, common mounts and hooks (SPEC CDI-1)")
+_kind("cdi.hook", "fixtures/fake_cdi_hook.py", "hook:str root:str argv:list",
+      "an `nvidia-cdi-hook` hook starts on the container root `root`")
+_kind("cdi.symlink", "fixtures/fake_cdi_hook.py", "path:str target:str replaced:str",
+      "create-symlinks renamed a link to `target` over `path` (root-relative), replacing `replaced` (CDI-3)")
+_kind("cdi.symlink.kept", "fixtures/fake_cdi_hook.py", "path:str target:str",
+      "create-symlinks found `path` already a link to `target` and left it")
+_kind("cdi.ldconfig", "fixtures/fake_cdi_hook.py", "argv:list conf:list folders:list",
+      "update-ldcache, pivoted into the root, created the drop-ins `conf` and execs ldconfig (CDI-4)")
+_kind("cdi.hook.exit", "fixtures/fake_cdi_hook.py", "hook:str code:int error:str?", "the hook exits")
+_kind("impl.cdi.target", "reference_impl/cdi.py", "path:str what:str",
+      "cdi-naive, as a runtime, created a missing mount target (`file`: 0-byte, `dir`: MkdirAll; CDI-2)")
+_kind("impl.cdi.hook", "reference_impl/cdi.py", "argv:list code:int",
+      "cdi-naive ran one createContainer hook of the spec")
+
 # -- the syscall-fault wrapper (fixtures/syscall_faults.py): strace --inject on the CLI ----------
 _kind("cli.syscall_fault", "fixtures/syscall_faults.py", "syscall:str hit:int action:str arg:str|null cli_pid:int",
       "strace injected a fault into the CLI (as strace's own output marks it): the hit-th `syscall` of "
