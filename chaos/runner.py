@@ -278,7 +278,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         versions.update({"old": DEFAULT_VERSION} if old is not None else {})
         if scenario.ldconfig.get("view") == "gpu":
             versions.update({n: scenario.ldconfig.get("version", DEFAULT_VERSION) for n in nemesis_names})
-        log("chaos.begin", scenario=scenario.name, impl=impl, seed=seed, schedule=schedule,
+        log("chaos.begin", scenario=scenario.name, impl=impl, impls=scenario.impls, seed=seed, schedule=schedule,
             versions=versions, windows=list(scenario.windows))
         for w, spec in schedule.items():
             for entry in spec.split(";"):
@@ -309,7 +309,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                 if wid in scenario.start_after:   # started by the harness once that barrier is released
                     Barrier(scenario.start_after[wid], str(run_dir / "barriers")).wait_released()
                 workers[wid] = start_worker(
-                    fleet, wid, impl, role=role, version=version, policy=policy, capabilities=scenario.capabilities,
+                    fleet, wid, scenario.impls.get(wid, impl), role=role, version=version, policy=policy,
+                    capabilities=scenario.capabilities,
                     env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
                     first_attempt_env=first_env.get(wid),
                     attempt_env={a: {"GPUJAIL_FAILPOINTS": spec} for a, spec in restarts.get(wid, {}).items()},

@@ -40,6 +40,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     when = "release"           # or "arrival" (default): kill at once, e.g. the lock holder others queue behind
     barrier = "hold"
     start_after = { w1 = "creator" }   # the harness starts w1 only once barrier "creator" is released
+    impls = { w1 = "legacy" }  # a worker running another implementation than the run's (a fleet half migrated)
 
 `mode = "random"` replaces the fixed schedule by seeded random faults: each GPU worker's first
 start gets `P%sleep(ms)` terms on the CLI's steps and, with probability `fail_rate`, a
@@ -65,7 +66,7 @@ KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "ver
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
         "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "hostile_links",
         "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults",
-        "start_after"}
+        "start_after", "impls"}
 
 
 class ScenarioError(ValueError):
@@ -125,6 +126,7 @@ class Scenario:
     jail_fs: str = ""            # the jail's file system this scenario needs ("": the run's --jail-fs)
     net_faults: list = field(default_factory=list)   # faults only a network jail has (jailfs.NetFault)
     start_after: dict[str, str] = field(default_factory=dict)   # worker -> the barrier whose release starts it
+    impls: dict[str, str] = field(default_factory=dict)   # worker -> its implementation, if not the run's
 
     @property
     def workers(self) -> list[tuple[str, str, str | None]]:

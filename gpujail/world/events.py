@@ -91,14 +91,16 @@ _kind("worker.exit", "gpujail/contract.py", "code:int|str error:str|null",
       "the attempt failed: the implementation's exit code (or \"killed\") and its last stderr line")
 
 # -- the chaos runner (node = "host") ------------------------------------------------------------
-_kind("chaos.begin", "chaos/runner.py", "scenario:str impl:str seed:int schedule:dict versions:dict? windows:list?",
-      "a chaos run starts: the scenario, the implementation, the seed, each worker's failpoints, "
+_kind("chaos.begin", "chaos/runner.py",
+      "scenario:str impl:str impls:dict? seed:int schedule:dict versions:dict? windows:list?",
+      "a chaos run starts: the scenario, the implementation (`impls`: workers running another), the seed, "
+      "each worker's failpoints, "
       "driver version and the fault windows the scenario must open")
 _kind("chaos.ldconfig", "chaos/runner.py", "view:str code:int|str",
       "the ldconfig nemesis ran `ldconfig -r` on the jail from a node that sees none of the mounts "
       "(view blind) or its own driver's (view gpu)")
-_kind("chaos.fault", "chaos/runner.py", "worker:str failpoint:str term:str",
-      "one failpoint armed for a worker's first start (the nemesis's plan, not yet its effect)")
+_kind("chaos.fault", "chaos/runner.py", "worker:str failpoint:str term:str start:int?",
+      "one failpoint armed for a worker's first start (or its `start`-th; the nemesis's plan, not yet its effect)")
 _kind("jailfs.fault", "gpujail/backends/jailfs.py", "fault:str worker:str pids:list began:num?",
       "a fault only a network jail has began: the brick killed, latency on every brick operation, or a "
       "node's client killed under it (`pids`: the processes killed; `began`: when the harness started "
@@ -107,8 +109,9 @@ _kind("jailfs.clear", "gpujail/backends/jailfs.py", "fault:str worker:str",
       "that fault clears: the brick restarted, the latency removed (a lost client stays lost for its node)")
 _kind("chaos.kill", "chaos/runner.py", "worker:str barrier:str",
       "the runner SIGKILLs a worker's node at a barrier (no cleanup runs)")
-_kind("chaos.release", "chaos/runner.py", "barrier:str arrived:list",
-      "a barrier opens; `arrived` are the workers that were waiting at it")
+_kind("chaos.release", "chaos/runner.py", "barrier:str arrived:list stalled:bool?",
+      "a barrier opens; `arrived` are the workers that were waiting at it (`stalled`: opened because "
+      "every started worker was paused, the first of the scenario's barriers)")
 _kind("chaos.end", "chaos/runner.py", "",
       "every worker finished; the last probe round is done")
 
