@@ -21,10 +21,9 @@ pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "IN
 def test_fault_cell(role, step, neighbours, impl, fleet_class, artefacts_dir, request, tmp_path):
     sc = fault_table.case(role, step, neighbours)
     result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")), fleet_class=fleet_class)
-    request.node.user_properties.append(("cells", result.cells))
     failed, _ = result.judge()
     unfired = result.unfired()
     if not failed and unfired:
-        request.node.user_properties.append(("unreachable", cell_id(role, step, neighbours)))
+        request.node.user_properties += [("cells", result.cells), ("unreachable", cell_id(role, step, neighbours))]
         pytest.skip(f"unreachable for {impl}: {', '.join(unfired)} never acted")
     verdict(result, request, artefacts_dir)

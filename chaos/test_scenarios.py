@@ -55,6 +55,7 @@ def judge(result, request) -> tuple[list[str], list[str]]:
     # why an invariant was not PASS, in words (an UNKNOWN always says why)
     request.node.user_properties.append(("invariant_reasons", {i: r.note for i, r in result.verdict.results.items()
                                                                if r.status != "PASS"}))
+    request.node.user_properties.append(("cells", result.cells))   # the fault table's coverage (report)
     if result.windows:
         request.node.user_properties.append(
             ("windows", " ".join(f"{w}={'opened' if ok else 'closed'}" for w, (ok, _) in result.windows.items())))

@@ -214,6 +214,10 @@ class Suite:
             entry["invariant_reasons"] = props.get("invariant_reasons", {})
         if "windows" in props:      # and each fault window its scenario declares: opened or closed
             entry["windows"] = props["windows"]
+        if "cells" in props:        # the fault-table cells it exercised (chaos/checkers/cells.py)
+            entry["cells"] = props["cells"]
+        if "unreachable" in props:  # a fault-table case the implementation never reached
+            entry["unreachable"] = props["unreachable"]
         table = self.self_checks if SELF_CHECK in props else self.by_requirement
         ids = [i for i in props.get("requirements", "").split(",") if i] or ["(none)"]
         if table is self.by_requirement:

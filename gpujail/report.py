@@ -113,6 +113,28 @@ def window_rows(report: dict) -> list[tuple[str, str, int, int]]:
     return [(sc, w, opened, runs) for (sc, w), (opened, runs) in sorted(counts.items())]
 
 
+def cell_table(report: dict) -> dict[str, dict]:
+    """The fault table (chaos/fault_table.py) as this run covered it: cell -> {"by": tests whose run
+    exercised it, "unreachable": whether its own case found the implementation never reaches it}.
+    Cells that runs met outside the generated ones (e.g. `waiter`) are included."""
+    from gpujail.chaos import fault_table
+    from gpujail.chaos.checkers.cells import cell_id
+    table = {cell_id(*c): {"by": [], "unreachable": False} for c in fault_table.cells()}
+    for t in tests_of(report).values():
+        for c in t.get("cells") or []:
+            table.setdefault(c, {"by": [], "unreachable": False})["by"].append(t["test"])
+        if t.get("unreachable"):
+            table[t["unreachable"]]["unreachable"] = True
+    return table
+
+
+def cell_counts(table: dict[str, dict]) -> tuple[int, int, list[str]]:
+    """(exercised, unreachable and not exercised, cells neither exercised nor known unreachable)."""
+    exercised = [c for c, v in table.items() if v["by"]]
+    unreachable = [c for c, v in table.items() if not v["by"] and v["unreachable"]]
+    return len(exercised), len(unreachable), [c for c in table if c not in exercised and c not in unreachable]
+
+
 def unexpected(tests: list[dict]) -> list[dict]:
     return [t for t in tests if t["status"] != "expected-fail"]
 
@@ -151,10 +173,16 @@ def text(report: dict) -> str:
                          + (f" ({expected} expected)" if expected else ""))
         for rid, test, why in unknowns(report):
             lines.append(f"  {rid} UNKNOWN in {test}: {why}")
-    windows = window_rows(report)
+    windows = [row for row in window_rows(report) if row[1] != "cell"]   # the fault table's: summed up below
     if windows:
         lines += ["", "fault windows (runs that opened each; a run that opened none of its scenario's is INCONCLUSIVE):"]
         lines += [f"  {sc:<24} {w:<24} {opened}/{runs}" for sc, w, opened, runs in windows]
+    if any(t.get("cells") is not None for t in tests_of(report).values()):
+        exercised, unreachable, missed = cell_counts(cell_table(report))
+        lines += ["", f"fault table (chaos/fault_table.py): {exercised} cells exercised, {unreachable} unreachable "
+                      f"for this implementation, {len(missed)} not exercised"
+                  + (": " + ", ".join(missed[:8]) + (f" and {len(missed) - 8} more" if len(missed) > 8 else "")
+                     if missed else "")]
     if checks["status"] != "not run":
         lines += ["", f"harness self-checks (the fake CLI, kernel facts; not counted for the implementation): "
                       f"{checks['status']}" + (f", {checks['reason']}" if checks["reason"] else "")]
@@ -251,6 +279,33 @@ code {background: #f5f5f5; padding: 0 3px}
 """
 
 
+def cell_html(report: dict) -> str:
+    """The fault table as exercised: one row per role and step, one column per neighbours' state;
+    each cell says how many runs exercised it, or that it is unreachable here, or red: not exercised."""
+    from gpujail.chaos.checkers.cells import NEIGHBOURS
+    table = cell_table(report)
+    exercised, unreachable, missed = cell_counts(table)
+    rows = sorted({c.rsplit("/", 1)[0] for c in table})
+    out = [f"<h2>Fault table</h2><p>Who fails (role), where (step), with the neighbours in which state "
+           f"(chaos/fault_table.py): {exercised} cells exercised, {unreachable} unreachable for this "
+           f"implementation, {len(missed)} not exercised.</p>",
+           "<table class='gj-t'><tr><th>role / step</th>" + "".join(f"<th>{n} ready</th>" for n in NEIGHBOURS) + "</tr>"]
+    for row in rows:
+        out.append(f"<tr><td>{esc(row)}</td>")
+        for n in NEIGHBOURS:
+            v = table.get(f"{row}/{n}")
+            if v is None:   # a role and step only other runs met, not with these neighbours
+                out.append("<td></td>")
+            elif v["by"]:
+                out.append(f"<td class='gj-n' title='{esc(', '.join(v['by'][:20]))}'>{len(v['by'])} runs</td>")
+            elif v["unreachable"]:
+                out.append("<td class='gj-xf'>unreachable</td>")
+            else:
+                out.append("<td class='gj-bad'>not exercised</td>")
+        out.append("</tr>")
+    return "".join(out) + "</table>"
+
+
 def write_html(report: dict, path, root: Path | None = None) -> Path:
     """Write the run's page to `path`; chaos artefacts are looked up under `root` (default: the
     page's directory)."""
@@ -288,6 +343,7 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
     unproven = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{link(t['test'])}</td>"
                 f"<td>{esc(t['status'])}</td><td><pre>{esc(t['reason'])}</pre></td></tr>"
                 for t in failures(report, INCONCLUSIVE)]
+    cells = cell_html(report) if any(t.get("cells") is not None for t in tests_of(report).values()) else ""
     runs = []
     for r in judged:
         t = r["test"]
@@ -310,6 +366,7 @@ def write_html(report: dict, path, root: Path | None = None) -> Path:
 {''.join(req)}
 <h2>Invariants over the chaos runs</h2>
 {''.join(inv)}
+{cells}
 <h2>Harness self-checks</h2>
 <p>The fake CLI's fidelity and the kernel facts the suite stands on: a precondition of the run, not counted
 for or against the implementation. {esc(checks['status'])}{(": " + esc(checks['reason'])) if checks['reason'] else "."}</p>
