@@ -237,10 +237,11 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         if scenario.reused_jail:
             dress_as_reused(jail)
         if scenario.warm:
-            warm = start_worker(fleet, "prewarm", impl, capabilities=scenario.capabilities)
+            warm = start_worker(fleet, "prewarm", impl, capabilities=scenario.capabilities,
+                                node_options={"layout": scenario.layout})
             if not warm.ready:
                 raise RuntimeError(f"warming the jail failed: {warm.attempts[-1].error_line}")
-            files = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities)
+            files = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities, scenario.layout)
             probe("prewarm", warm, files)   # its ready span is judged like any other: it needs evidence
             log("chaos.kill", worker="prewarm", barrier="")   # ends its ready span; no barrier: no fault
             warm.node.kill()
@@ -316,7 +317,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                     attempt_env={a: {"GPUJAIL_FAILPOINTS": spec} for a, spec in restarts.get(wid, {}).items()},
                     on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,
                     node_options={**({"jail_readonly": True} if scenario.read_only else {}),
-                                  **({"mps": True} if scenario.mps else {})})
+                                  **({"mps": True} if scenario.mps else {}),
+                                  "layout": scenario.layout})
             except Exception as e:   # raised once below, in the caller's thread (on an interrupt: never)
                 errors[wid] = e
 
@@ -344,7 +346,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log))
         keeper.start()
         def files_for(version: str) -> list[dict]:
-            return (gpu_files(jail, version, scenario.capabilities)
+            return (gpu_files(jail, version, scenario.capabilities, scenario.layout)
                     + (soname_files(jail, version, scenario.capabilities) if scenario.probe_sonames else [])
                     + (lookup_files(jail, version, scenario.capabilities) if scenario.probe_lookups else []))
 

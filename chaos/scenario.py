@@ -12,6 +12,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     reused_jail = false        # true: the jail holds markers, 0-byte placeholders and the flag of an earlier cluster
     read_only = false          # true: every worker sees the (warmed) jail read-only
     mps = false                # true: every GPU worker's host runs MPS (its pipe directory /tmp/nvidia-mps)
+    layout = "debian"          # the GPU hosts' distribution: where their libraries are (fixtures/drivers.py LAYOUTS)
     hostile_links = { "usr/lib/firmware/nvidia" = "@OUTSIDE" }   # symlinks out of the jail, planted first
     windows = ["overlap"]      # the fault windows a run must open, else it is INCONCLUSIVE (chaos/checkers/windows.py)
     probe_sonames = false      # true: probes also check each ready worker's sonames load its own driver (REF-12)
@@ -64,7 +65,8 @@ SYSCALL = "syscall."   # a fault on `syscall.NAME` is injected by strace at that
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
-        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "hostile_links",
+        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "layout",
+        "hostile_links",
         "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults",
         "start_after", "impls"}
 
@@ -112,6 +114,7 @@ class Scenario:
     scale: bool = False          # a big run: opt-in with `-m scale`
     read_only: bool = False      # every worker sees the jail read-only (after warming it)
     mps: bool = False            # every GPU worker's host runs MPS: `list` prints its pipe directory
+    layout: str = "debian"       # the GPU hosts' distribution: debian, rhel (lib64 + 32-bit lib), arch (lib + lib32)
     hostile_links: dict[str, str] = field(default_factory=dict)   # jail path -> link target ("@OUTSIDE": a dir outside)
     legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
     windows: list[str] = field(default_factory=list)   # fault windows the run must open (chaos/checkers/windows.py)
@@ -236,6 +239,9 @@ def load(source: str | Path) -> Scenario:
         bad = [f.fault for f in scenario.net_faults if f.fault not in NET_FAULTS]
         if bad:
             raise ScenarioError(f"{path}: net_faults: unknown fault(s) {', '.join(bad)} (known: {', '.join(NET_FAULTS)})")
+    from gpujail.fixtures.drivers import LAYOUTS
+    if scenario.layout not in LAYOUTS:
+        raise ScenarioError(f"{path}: layout {scenario.layout!r}, expected one of {', '.join(LAYOUTS)}")
     unknown_windows = [w for w in scenario.windows if w not in WINDOWS]
     if unknown_windows:
         raise ScenarioError(f"{path}: unknown window(s) {', '.join(unknown_windows)} (known: {', '.join(WINDOWS)})")

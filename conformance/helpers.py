@@ -161,6 +161,18 @@ def paused_at(world, impl, failpoint: str, req: str, where: str, node: str = "w"
     return barrier, t, result
 
 
+def host_layout(world, layout: str) -> dict:
+    """`world.start` options for a GPU worker on a host of distribution `layout` (fixtures/drivers.py
+    LAYOUTS: where its libraries are), or a skip where this backend's nodes do not take the option
+    (the docker backend's image holds the Debian layout only)."""
+    from gpujail.fixtures import drivers
+    lib64 = drivers.LAYOUTS[layout][0]
+    node = world.node(f"{layout}-check", layout=layout)
+    if node.run(["test", "-f", f"{lib64}/libcuda.so.{drivers.DEFAULT_VERSION}"]).code != 0:
+        pytest.skip(f"this backend cannot make a {layout} host: no {lib64}/libcuda.so.* on its nodes")
+    return {"node_options": {"layout": layout}}
+
+
 def mps_hosts(world) -> dict:
     """`world.start` options for a GPU worker whose host runs MPS (its pipe directory
     /tmp/nvidia-mps, fixtures/drivers.py), or a skip where this backend cannot make such a host:

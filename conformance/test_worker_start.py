@@ -18,6 +18,7 @@ from gpujail.conformance.helpers import (
     MARKER_MAX,
     became_ready,
     changes,
+    host_layout,
     lost,
     lost_files,
     mps_hosts,
@@ -94,6 +95,27 @@ def test_no_empty_placeholder_after_cold_start(world):
             markers += 1
     assert markers >= 10, (f"REF-5: worker {w.node_id} created {markers} marker(s) for driver files, expected at least 10 "
                            f"(one per file configure mounts)")
+
+
+@pytest.mark.req("REF-2", "REF-5")
+@pytest.mark.parametrize("layout", ["rhel", "arch"])
+def test_other_distributions_libraries_get_markers_where_the_cli_mounts(world, layout):
+    """REF-2: on a RHEL host (64-bit libraries in /usr/lib64, 32-bit ones in /usr/lib) and an Arch
+    host (64-bit in /usr/lib, 32-bit in /usr/lib32), asked for compat32 too, a cold start leaves no
+    0-byte placeholder: every library's marker is where the CLI mounts it, which its ELF class (the
+    section of `list`) decides, never its host directory's name."""
+    options = host_layout(world, layout)
+    before = jail_image.snapshot(world.jail)
+    w = world.start("w", capabilities="compute,utility,compat32", **options)
+    assert w.ready, not_ready(f"REF-2 (a {layout} host)", w)
+    empty = sorted(rel for rel, (mode, size, _) in new_entries(before, world.jail, "REF-2").items()
+                   if stat.S_ISREG(mode) and size == 0 and ".so" in os.path.basename(rel))
+    assert not empty, (f"REF-2: on a {layout} host worker {w.node_id} left {len(empty)} 0-byte placeholder(s) the CLI "
+                       f"created where no marker was, e.g. {empty[0]}: its markers went to the other library directory")
+    mounted = {os.path.relpath(e["dst"], world.jail) if e["dst"].startswith("/") else e["dst"] for e in world.history()
+               if e.get("node") == "w" and e["kind"] in ("cli.mount", "impl.mount")}   # the CLI's absolute, direct's relative
+    assert any(d.startswith("usr/lib/i386-linux-gnu/") for d in mounted), \
+        f"REF-2: no 32-bit library was mounted on the {layout} host with compat32 asked (mounted: {sorted(mounted)[:5]} ...)"
 
 
 @pytest.mark.req("REF-7", "REF-11")

@@ -59,6 +59,7 @@ class Ctx:
     lock_timeout: float = 120.0
     name: str = "reference"
     sonames: Mapping[str, str] = field(default_factory=dict)   # REF-12: soname target -> our library's target
+    elf32: set[str] = field(default_factory=set)   # REF-2: the host libraries of the file set that are 32-bit
 
     @classmethod
     def from_env(cls, sysops, name: str, environ=None) -> Ctx:
@@ -115,12 +116,18 @@ def file_set(ctx: Ctx) -> list[str]:
 
 # -- REF-2: where the CLI will mount each file -------------------------------------------------
 
-def target(host_path: str, debian: bool = True) -> str:
+def is_library(host_path: str) -> bool:
+    base = os.path.basename(host_path)
+    return base.startswith("lib") and ".so" in base
+
+
+def target(host_path: str, debian: bool = True, elf32: bool = False) -> str:
     """The jail-relative path the CLI mounts `host_path` at (SPEC CLI-3): libraries flattened into
-    the jail's library directory, binaries into usr/bin, everything else at its own path."""
+    the jail's 64-bit or, for a 32-bit one (`elf32`), 32-bit library directory, binaries into
+    usr/bin, everything else at its own path."""
     d, base = os.path.split(host_path)
-    if base.startswith("lib") and ".so" in base:
-        if "i386" in d or d.endswith(("/lib32", "/usr/lib")):
+    if is_library(host_path):
+        if elf32:
             return f"{LIB32 if debian else 'usr/lib'}/{base}"
         return f"{LIB64 if debian else 'usr/lib64'}/{base}"
     if d.endswith("/bin") or d.endswith("/sbin"):
@@ -142,10 +149,22 @@ def _stat_beneath(ctx: Ctx, rel: str):
         raise Fatal("unsafe-jail", f"cannot resolve {rel} inside the jail {ctx.jail}: {e.strerror}") from None
 
 
+def elf32(ctx: Ctx, host_path: str) -> bool:
+    """REF-2: whether a library of the file set is 32-bit. The CLI knows it from `list`'s sections
+    (the ELF class the host's linker cache records), so do we, from the file's ELF header: never
+    from its directory's name (`/usr/lib` is 64-bit on Arch, 32-bit on RHEL)."""
+    try:
+        head = bytes(ctx.sys.read_image(host_path)[:5])
+    except OSError as e:
+        raise Fatal("bad-input", f"`{ctx.cli} list` printed {host_path}, which cannot be read: {e.strerror}") from None
+    return head[:4] == b"\x7fELF" and head[4:5] == b"\x01"
+
+
 def plan(ctx: Ctx, host_paths: list[str]) -> list[tuple[str, str]]:
     """(host path, jail-relative target) pairs, each checked to stay inside the jail."""
     debian = is_debian(ctx)
-    pairs = [(p, target(p, debian)) for p in host_paths]
+    ctx.elf32 = {p for p in host_paths if is_library(p) and elf32(ctx, p)}
+    pairs = [(p, target(p, debian, p in ctx.elf32)) for p in host_paths]
     root = ctx.sys.realpath(ctx.jail)
     real_dirs: dict[str, str] = {}   # a start's sixty targets lie in five directories: each resolved once
     for _, rel in pairs:
@@ -418,7 +437,7 @@ def for_capabilities(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, 
     the fake CLI has them: fixtures/nvc_info.py): what REF-7 expects mounted, what `direct` mounts."""
     from gpujail.fixtures import nvc_info
     caps = nvc_info.capabilities({f.lstrip("-") for f in ctx.cli_flags()})
-    return [(h, t) for h, t in pairs if nvc_info.selected(h, caps)]
+    return [(h, t) for h, t in pairs if nvc_info.selected(h, caps, h in ctx.elf32)]
 
 
 def verify(ctx: Ctx, before: dict, expected: list[tuple[str, str]] = (), min_size: int = REAL_CONTENT_MIN) -> list[str]:

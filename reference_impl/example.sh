@@ -91,12 +91,16 @@ dummy_mounts() {
     exit 0
 }
 
+# elf32 HOSTPATH: the library is 32-bit. REF-2: the CLI knows it from `list`'s sections (the ELF class
+# the host's linker cache records), so we read the class byte of its ELF header, never the directory's
+# name: /usr/lib holds 64-bit libraries on Arch, 32-bit ones on RHEL.
+elf32() { [ "$(od -An -tu1 -j4 -N1 -- "$1" 2>/dev/null | tr -d ' ')" = 1 ]; }
+
 # target HOSTPATH: the jail-relative path the CLI mounts HOSTPATH at (SPEC CLI-3, REF-2).
 target() {
     base=${1##*/}
     case "$1" in
-        */i386-linux-gnu/lib*.so*|/usr/lib32/lib*.so*) echo "$LIB32DIR/$base" ;;
-        */lib*/lib*.so*) echo "$LIBDIR/$base" ;;
+        */lib*.so*) if elf32 "$1"; then echo "$LIB32DIR/$base"; else echo "$LIBDIR/$base"; fi ;;
         */bin/*|*/sbin/*) echo "usr/bin/$base" ;;
         *) echo "${1#/}" ;;
     esac
@@ -279,8 +283,8 @@ selected() {
         /dev/*) has display; return ;;
         /run/nvidia-persistenced/*|/run/nvidia-fabricmanager/*) has utility; return ;;
         /tmp/nvidia-mps) has compute; return ;;
-        */i386-linux-gnu/*|/usr/lib32/*) has compat32 || return 1 ;;
     esac
+    case "$1" in */lib*.so*) ! elf32 "$1" || has compat32 || return 1 ;; esac
     case ${1##*/} in
         libnvidia-ml.so*|libnvidia-cfg.so*|libnvidia-nscq.so*|nvidia-smi|nvidia-debugdump|nvidia-persistenced|nv-fabricmanager)
             has utility ;;

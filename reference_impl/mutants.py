@@ -285,6 +285,15 @@ def _soname_head_only(core):
     core.soname_pairs = head_only
 
 
+def _placement_by_dirname(core):
+    """REF-2 before its amendment: a library is 32-bit when its host directory's name says so
+    (`i386`, `lib32`, or plain `/usr/lib`): right on Debian, wrong for Arch's 64-bit /usr/lib."""
+    def by_name(ctx, host_path):
+        d = os.path.dirname(host_path)
+        return "i386" in d or d.endswith(("/lib32", "/usr/lib"))
+    core.elf32 = by_name
+
+
 # -- the placeholder predicate (REF-9) ----------------------------------------------------------
 
 def _predicate_so_star(core):
@@ -362,6 +371,8 @@ MUTANTS = {
     "predicate-no-size": ("placeholder predicate without the size bound: real libraries match", _predicate_no_size),
     "predicate-follows-symlinks": ("placeholder predicate stats through symlinks: links to small files match",
                                    _predicate_follows_symlinks),
+    "placement-by-dirname": ("32-bit libraries told by their host directory's name, not their ELF class: on Arch "
+                             "(64-bit /usr/lib) the markers land in the 32-bit directory", _placement_by_dirname),
     "escapes-jail": ("jail paths joined and resolved on the host: a jail symlink leads writes out", _escapes_jail),
     "legacy": ("the procedure before the fix: no markers, no lock, existence check, 'empty file' predicate", _legacy),
 }

@@ -25,10 +25,10 @@ import stat
 import tempfile
 
 import pytest
-from gpujail.fixtures import nvc_info
+from gpujail.fixtures import drivers, nvc_info
 from gpujail.fixtures.fake_cli import CONFIGURE_OPTIONS, GLOBAL_OPTIONS, LIST_OPTIONS, CliError, Configure, argp_parse
 from gpujail.reference_impl import core
-from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from gpujail.world.sysops import RealSys, parse_mountinfo, resolve_in_root
@@ -294,10 +294,9 @@ LIB_BASE = st.one_of(st.sampled_from(ALL_LIBS), st.builds("lib{}".format, IDENT)
 
 
 def _entry(section: str):
-    if section == "libraries":
-        return st.builds(lambda n, v: f"/usr/lib/x86_64-linux-gnu/{n}.so.{v}", LIB_BASE, DRIVER_VERSION)
-    if section == "libraries32":
-        return st.builds(lambda n, v: f"/usr/lib/i386-linux-gnu/{n}.so.{v}", LIB_BASE, DRIVER_VERSION)
+    if section in ("libraries", "libraries32"):   # in any distribution's directory (fixtures/drivers.py LAYOUTS)
+        dirs = [layout[section == "libraries32"] for layout in drivers.LAYOUTS.values()]
+        return st.builds(lambda d, n, v: f"{d}/{n}.so.{v}", st.sampled_from(dirs), LIB_BASE, DRIVER_VERSION)
     if section == "binaries":
         return st.builds("/usr/bin/{}".format, st.one_of(st.sampled_from(ALL_BINS),
                                                         st.from_regex(r"nvidia-[a-z0-9-]{1,12}", fullmatch=True)))
@@ -328,9 +327,11 @@ def test_ref2_target_matches_cli_destination(plain_jails, entry, debian):
     """REF-2 / CLI-3: for every `list`-shaped host path, `core.target` is jail-relative (no leading
     /, no `..`, no empty component) and is exactly where the fake CLI mounts it: libraries flattened
     into usr/lib/x86_64-linux-gnu or usr/lib/i386-linux-gnu (usr/lib64, usr/lib without
-    etc/debian_version), binaries into usr/bin, firmware, devices and IPC sockets at their own path."""
+    etc/debian_version) by their section, i.e. ELF class, whatever the host directory (`/usr/lib` is
+    64-bit on Arch, 32-bit on RHEL), binaries into usr/bin, firmware, devices and IPC sockets at their
+    own path."""
     section, host_path = entry
-    rel = core.target(host_path, debian)
+    rel = core.target(host_path, debian, elf32=section == "libraries32")
     assert not rel.startswith("/") and all(part not in ("", ".", "..") for part in rel.split("/"))
     rootfs = plain_jails[debian]
     dest = Configure(RealSys(), rootfs).destination(section, host_path, "/")
@@ -488,10 +489,16 @@ HOST_MODES = st.sampled_from([0o100644, 0o100755, 0o100600, 0o100444])
 
 class HostFilesSys(RealSys):
     """RealSys (real openat2 on the temporary jail), except that the listed host files, which do not
-    exist on this machine, `stat` as regular files with the given modes (create_markers copies them)."""
+    exist on this machine, `stat` as regular files with the given modes (create_markers copies them)
+    and read as ELF files of the class of their section (REF-2 places libraries by it)."""
 
-    def __init__(self, modes: dict[str, int]):
-        self.modes = modes
+    def __init__(self, modes: dict[str, int], elf32: set[str] = frozenset()):
+        self.modes, self.elf32 = modes, elf32
+
+    def read_image(self, path: str):
+        if path in self.modes:
+            return b"\x7fELF" + (b"\x01" if path in self.elf32 else b"\x02")
+        return super().read_image(path)
 
     def stat(self, path: str) -> os.stat_result:
         if path in self.modes:
@@ -510,6 +517,9 @@ def test_ref2_markers_land_where_the_cli_looks(links, debian, entries):
     CLI's destination for every listed file (as CLI-4's `stat` sees it on the host) is our marker,
     with the host file's exact st_mode, inside the jail: the CLI will create nothing. Either way,
     nothing outside the jail changed."""
+    sections = {}
+    for (section, path), _ in entries:
+        assume(sections.setdefault(path, section) == section)   # one file has one ELF class
     t = TempTree([])
     try:
         for d in ("etc", "usr/lib", "usr/bin"):
@@ -530,7 +540,8 @@ def test_ref2_markers_land_where_the_cli_looks(links, debian, entries):
         outside_before = snapshot(t.out)
         base_before = sorted(os.listdir(t.base))
 
-        ctx = core.Ctx(sys=HostFilesSys(modes), jail=t.root, lock_timeout=1)
+        ctx = core.Ctx(sys=HostFilesSys(modes, {p for (s, p), _ in entries if s == "libraries32"}), jail=t.root,
+                       lock_timeout=1)
         try:
             core.ensure_placeholders(ctx, core.plan(ctx, list(modes)))
             refused = None
@@ -877,4 +888,4 @@ def test_nvc_info_selected_matches_the_cli_lists(caps, entry):
         want = True
     else:
         want = ("compute" if "uvm" in base else "display") in expanded
-    assert nvc_info.selected(host_path, expanded) == want
+    assert nvc_info.selected(host_path, expanded, section == "libraries32") == want

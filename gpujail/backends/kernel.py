@@ -97,8 +97,9 @@ class Node:
     def start(self) -> Node:
         devices, socket_path, tree = [], None, None
         if self.role == "gpu-worker":
-            tree = str(drivers.materialise(self.version, mps=bool(self.options.get("mps"))))
-            cat = drivers.catalogue(self.version)
+            layout = self.options.get("layout", "debian")   # the host's distribution (where its libraries are)
+            tree = str(drivers.materialise(self.version, mps=bool(self.options.get("mps")), layout=layout))
+            cat = drivers.catalogue(self.version, layout)
             devices = [(f.path, *f.device) for f in cat if f.kind == "device"]
             socket_path = drivers.PERSISTENCED_SOCKET
         cfg = {"jail": str(self.jail), "driver_tree": tree, "devices": devices, "socket": socket_path,

@@ -41,13 +41,15 @@ def unanswered(requests: list[dict], why: str) -> list[dict]:
     return [{"path": result_path(f), "attached": False, "size": None, "error": NO_RESULT + why} for f in requests]
 
 
-def gpu_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility") -> list[dict]:
-    """Probe requests for every regular driver file configure mounts for `capabilities`."""
+def gpu_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility",
+              layout: str = "debian") -> list[dict]:
+    """Probe requests for every regular driver file configure mounts for `capabilities` on a host of
+    distribution `layout` (fixtures/drivers.py LAYOUTS)."""
     caps = nvc_info.capabilities(capabilities)
     jail = str(jail)
     out = []
-    for f in drivers.catalogue(version):
-        if not f.on_disk or not nvc_info.selected(f.path, caps):
+    for f in drivers.catalogue(version, layout):
+        if not f.on_disk or not nvc_info.selected(f.path, caps, f.kind == "library32"):
             continue
         base = os.path.basename(f.path)
         where = {"library": f"/usr/lib/x86_64-linux-gnu/{base}", "library32": f"/usr/lib/i386-linux-gnu/{base}",
