@@ -204,6 +204,13 @@ def _soname_links(core):
     core.soname_pairs = lambda ctx, pairs: []
 
 
+def _relink_sonames(core):
+    """REF-12 before its amendment: every soname link is replaced by our marker and mount, also one
+    that already leads to our own driver library, which a worker still on the older procedure (its
+    sonames the shared ldconfig links) loads through."""
+    core.stale_soname_link = lambda ctx, rel: rel in ctx.sonames and core._is_link(ctx, rel)
+
+
 def _ldconfig_winner_only(core):
     """The operator's procedure before PR #2682: sonames are the shared ldconfig links (no REF-12),
     and a worker that finds the ldconfig lock busy skips its soname, trusting the winner, which may
@@ -373,6 +380,8 @@ MUTANTS = {
                                    _predicate_follows_symlinks),
     "placement-by-dirname": ("32-bit libraries told by their host directory's name, not their ELF class: on Arch "
                              "(64-bit /usr/lib) the markers land in the 32-bit directory", _placement_by_dirname),
+    "relink-sonames": ("soname links replaced by markers even where they lead to our own library: a worker still on "
+                       "the procedure before REF-12 loses its sonames", _relink_sonames),
     "escapes-jail": ("jail paths joined and resolved on the host: a jail symlink leads writes out", _escapes_jail),
     "legacy": ("the procedure before the fix: no markers, no lock, existence check, 'empty file' predicate", _legacy),
 }
