@@ -47,8 +47,7 @@ REQUIREMENTS = {
 
 # Requirements SPEC.md defines that no test checks yet, with what will build them: reports list
 # them as pending (never as passed), and a self-test fails once a test cites one still listed here.
-PENDING: dict[str, str] = {rid: "issue 27: the CDI path's fakes and scenarios are not built yet"
-                           for rid in ("CDI-1", "CDI-2", "CDI-3", "CDI-4")}
+PENDING: dict[str, str] = {}   # CDI-1..4 have theirs since issue 27 (conformance/test_cdi.py)
 
 # The chaos checker's invariants (SPEC section 6), by their short names.
 INVARIANTS = {"INV-1": "no lost content", "INV-2": "convergence", "INV-3": "jail hygiene",

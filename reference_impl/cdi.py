@@ -24,6 +24,7 @@ a CDI spec has no capabilities.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -87,9 +88,21 @@ def bind_root(ctx: core.Ctx) -> None:
     """runc's prepareRoot: the mount holding the root made private (so nothing propagates, and
     pivot_root's check passes), then the root bound on itself, recursively: update-ldcache pivots
     into it, and pivot_root needs a mount point whose parent is not shared."""
-    holder = max((m.mountpoint for m in ctx.sys.mounts() if ctx.jail == m.mountpoint
-                   or ctx.jail.startswith(m.mountpoint.rstrip("/") + "/")), key=len, default="/")
-    ctx.sys.mount(None, holder, None, MS_PRIVATE)
+    holder = ctx.jail
+    # runc's rootfsParentMountPrivate (since runc 1.1; before, it read mountinfo): MS_PRIVATE on the
+    # root, then on each parent, until one is a mount point (EINVAL: "not a mount point"). Reading
+    # mountinfo is not enough: a mount listed at the jail's path may be hidden under a later mount
+    # of a parent directory (the chaos runner's nodes bind the jail back, then the run directory
+    # holding it over it), and MS_PRIVATE on a path that is no mount point fails with EINVAL.
+    while True:
+        try:
+            ctx.sys.mount(None, holder, None, MS_PRIVATE)
+            break
+        except OSError as e:
+            if e.errno != errno.EINVAL or holder == "/":
+                raise core.Fatal("cli-failed", f"cannot make the mount holding {ctx.jail} private "
+                                               f"(at {holder}): {e.strerror}") from None
+            holder = os.path.dirname(holder)
     ctx.sys.mount(ctx.jail, ctx.jail, None, MS_BIND | MS_REC)
 
 

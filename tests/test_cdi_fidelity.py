@@ -122,6 +122,25 @@ def test_generate_soname_links_only_where_the_host_has_them(dev_root, tmp_path):
     assert not any(a.endswith("/libcudadebugger.so.1") for a in links), "no host link, no soname link"
 
 
+def test_generate_soname_links_of_a_tree_ldconfig_never_ran_on(dev_root, tmp_path):
+    """CDI-1, CDI-3: the fixture driver tree has no SONAME link at all (a real install always has
+    them: the installer runs ldconfig), so the fake takes each one as ldconfig would have made it
+    (fake_ctk.ldconfig_never_ran): libnvidia-ml.so.1 and libcuda.so.1 links, the REF-12 case of
+    CDI-3. A name taken by a regular file is no link (linkExists), and no .so link is invented
+    (ldconfig makes none; libcuda.so is the toolkit's own special link)."""
+    tree = drivers.materialise(VERSION)
+    root = tmp_path / "host"
+    subprocess.run(["cp", "-a", str(tree), str(root)], check=True)
+    (root / LIB / "libcudadebugger.so.1").write_bytes(b"not a link")
+    r = subprocess.run([str(BIN / "nvidia-ctk"), "cdi", "generate", "--format=json", f"--driver-root={root}",
+                        f"--dev-root={dev_root}"], capture_output=True, text=True)
+    links = [a for a in json.loads(r.stdout)["containerEdits"]["hooks"][0]["args"] if "::" in a]
+    assert f"libnvidia-ml.so.{VERSION}::/{LIB}/libnvidia-ml.so.1" in links
+    assert f"libcuda.so.{VERSION}::/{LIB}/libcuda.so.1" in links
+    assert not any(a.endswith("/libcudadebugger.so.1") for a in links), "a regular file is no link"
+    assert not any(a.endswith("/libnvidia-ml.so") for a in links), "ldconfig makes no .so link"
+
+
 def test_yaml_scalars_quoted_as_yaml_v3_does():
     """CDI-1: what would read back as another type is double-quoted, flags and paths stay plain."""
     assert [fake_ctk._scalar(v) for v in ("0", "--link", "/dev/nvidia0", "true", "", "a: b", "550.54.15", 195)] == \
