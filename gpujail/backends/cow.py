@@ -148,7 +148,9 @@ def cover(shared: list[str], lowers: dict[str, str] | None = None) -> HostView:
                        [p for p in (f"/proc/self/fd/{sources.pop(point)}", lowers.get(point)) if p]))
     for fd in sources.values():   # those whose overlay could not be mounted
         os.close(fd)
-    for path, fd in keep + files:
+    # Parents first: the run directory holds the jail, and bound after it would hide the jail's own
+    # bind, leaving the jail no mount point of its own in this namespace (as a shared file system's is).
+    for path, fd in sorted(keep, key=lambda k: k[0].rstrip("/").count("/")) + files:
         sysops.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         os.close(fd)
     sysops.umount(STAGE, MNT_DETACH)
