@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHELL = ["reference_impl/example.sh", "scripts/lint-imports", "scripts/copy-tree",
          "scripts/venv.sh", "scripts/mutation-test", "scripts/with-dockerd.sh", "scripts/slurm-cluster.sh", "run-tests",
-         "run-suites", ".ci/run"]
+         "run-suites", ".ci/run", "scripts/oracle-killmatrix"]
 
 
 @pytest.mark.parametrize("tool,args", [("shellcheck", SHELL), ("ruff", ["check", "."])], ids=["shellcheck", "ruff"])

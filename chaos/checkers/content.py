@@ -83,6 +83,9 @@ def disturbances(run: Run, node: str, start: float, end: float) -> list[dict]:
     return out
 
 
+FLEET_SETTLES = ("worker.ready", "worker.exit", "worker.start")   # the runner's last probe round follows them all
+
+
 def evidence_gap(run: Run, node: str, ready: dict, end: float, probes: list[dict]) -> str | None:
     """Why the probes of this ready span are not enough to judge it (SPEC section 6: probed at
     least once, and after everything that could have hurt it), or None."""
@@ -93,14 +96,21 @@ def evidence_gap(run: Run, node: str, ready: dict, end: float, probes: list[dict
     missed = [e for e in disturbances(run, node, ready["t"], end) if e["t"] >= probes[-1]["t"]]
     if missed:
         return f"{node} was not probed after {node_of(missed[0])}'s {missed[0]['kind']} at {run.at(missed[0])}"
+    if end == float("inf"):   # open at the run's end: judged at its end, after the fleet settled (SPEC 6)
+        settled = run.memo("settled", lambda: max((e["t"] for e in run.of(*FLEET_SETTLES)), default=float("-inf")))
+        if probes[-1]["t"] < settled:
+            return (f"{node} was not probed at the end of its ready span (its last probe at {run.at(probes[-1])}, "
+                    f"the fleet's last start or exit at {run.at({'t': settled})})")
     return None
 
 
 def asked_of(run: Run, node: str) -> dict[str, str]:
-    """The files `node`'s probe rounds ask about: every file any of its rounds answered (the
-    harness asks a worker about the same files every round). normalised path -> path."""
-    return {normalised(run.rel(r.get("path", "?"))): r.get("path", "?")
-            for e in run.node_events(node) if e.get("kind") == "probe" for r in e.get("results") or []}
+    """The files `node`'s probe rounds ask about: every file any of its rounds was asked (`asked`) or
+    answered (the harness asks a worker about the same files every round, so a file one round
+    leaves out is short there, and one every round leaves out is short in each). normalised path -> path."""
+    paths = [p for e in run.node_events(node) if e.get("kind") == "probe"
+             for p in [*(e.get("asked") or []), *(r.get("path", "?") for r in e.get("results") or [])]]
+    return {normalised(run.rel(p)): p for p in paths}
 
 
 def round_results(probe: dict, asked: dict[str, str], run: Run) -> list[dict]:

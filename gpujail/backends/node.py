@@ -511,7 +511,7 @@ def op_probe(req: dict) -> dict:
             culprit = next(i for i in todo if i not in results)
             results[culprit] = unanswered([files[culprit]], f"{died} while probing this file")[0]
     answer = [results[i] for i in range(len(files))]
-    history.record("probe", results=answer)
+    history.record("probe", results=answer, asked=[result_path(f) for f in files])   # what it was asked, too
     return {"results": answer}
 
 

@@ -126,9 +126,10 @@ _kind("impl.outside", "gpujail/backends/node.py", "changes:list",
       "what that command did outside the jail, seen through the node's copy-on-write view of the host "
       "(cow.py): never done to the host, and a REF-11 / INV-3 violation",
       changes="path:str change:str mode:int")
-_kind("probe", "gpujail/backends/node.py", "results:list",
+_kind("probe", "gpujail/backends/node.py", "results:list asked:list?",
       "what a GPU job on the node sees at each driver file: attached, size, same bytes, loader; for a "
-      "soname looked up through the jail's linker cache, also `lookup` and what it `resolved` to",
+      "soname looked up through the jail's linker cache, also `lookup` and what it `resolved` to; `asked`: "
+      "every file the round was asked about (a round that leaves one out is short)",
       results="path:str attached:bool size:int|null same_bytes:bool? error:str? loader:str? driver:str? "
               "lookup:str? resolved:str?")
 

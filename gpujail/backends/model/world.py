@@ -163,6 +163,8 @@ class World(Simulation):
             raise self.error
         if self.dirty:   # the last step removed something: what do the ready workers see now?
             self.settle()
+        else:            # a last round, as the kernel runner's: every open ready span is judged at its end
+            self.probe_ready()
         self.record("chaos.end", "host")
         return self
 
@@ -271,7 +273,7 @@ class World(Simulation):
             if f.get("load"):
                 r["loader"] = "ok" if _loads(node) else f"{f['path']}: {loader_view(node)}"
             results.append(r)
-        self.record("probe", w.name, results=results)
+        self.record("probe", w.name, results=results, asked=[f["path"] for f in self.files])
 
     # -- reporting ---------------------------------------------------------------------------------
     def report(self, full: bool = False) -> str:
