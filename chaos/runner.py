@@ -304,6 +304,10 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             first_env.setdefault(w, {})[syscall_faults.ENV] = spec
 
         errors: dict[str, Exception] = {}
+        contract = {"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)}
+        if scenario.jail_symlink:   # the jail by another name: a link beside it (the run directory is in every node)
+            os.symlink(jail, run_dir / "jail-link")
+            contract["GPUJAIL_JAIL"] = str(run_dir / "jail-link")
 
         def go(wid: str, role: str, version: str | None) -> None:
             try:
@@ -312,7 +316,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                 workers[wid] = start_worker(
                     fleet, wid, scenario.impls.get(wid, impl), role=role, version=version, policy=policy,
                     capabilities=scenario.capabilities,
-                    env={"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)},
+                    env=contract,
                     first_attempt_env=first_env.get(wid),
                     attempt_env={a: {"GPUJAIL_FAILPOINTS": spec} for a, spec in restarts.get(wid, {}).items()},
                     on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,

@@ -13,6 +13,7 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     read_only = false          # true: every worker sees the (warmed) jail read-only
     mps = false                # true: every GPU worker's host runs MPS (its pipe directory /tmp/nvidia-mps)
     layout = "debian"          # the GPU hosts' distribution: where their libraries are (fixtures/drivers.py LAYOUTS)
+    jail_symlink = false       # true: every worker is given the jail through a symlink (GPUJAIL_JAIL=/scratch -> /lustre/...)
     hostile_links = { "usr/lib/firmware/nvidia" = "@OUTSIDE" }   # symlinks out of the jail, planted first
     windows = ["overlap"]      # the fault windows a run must open, else it is INCONCLUSIVE (chaos/checkers/windows.py)
     probe_sonames = false      # true: probes also check each ready worker's sonames load its own driver (REF-12)
@@ -65,7 +66,7 @@ SYSCALL = "syscall."   # a fault on `syscall.NAME` is injected by strace at that
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
-        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "layout",
+        "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "layout", "jail_symlink",
         "hostile_links",
         "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults",
         "start_after", "impls"}
@@ -115,6 +116,7 @@ class Scenario:
     read_only: bool = False      # every worker sees the jail read-only (after warming it)
     mps: bool = False            # every GPU worker's host runs MPS: `list` prints its pipe directory
     layout: str = "debian"       # the GPU hosts' distribution: debian, rhel (lib64 + 32-bit lib), arch (lib + lib32)
+    jail_symlink: bool = False   # the workers name the jail through a symlink to it (as clusters name /scratch)
     hostile_links: dict[str, str] = field(default_factory=dict)   # jail path -> link target ("@OUTSIDE": a dir outside)
     legacy_breaks: bool = True   # documentation: whether `legacy` is expected to violate an invariant
     windows: list[str] = field(default_factory=list)   # fault windows the run must open (chaos/checkers/windows.py)

@@ -204,6 +204,15 @@ def _soname_links(core):
     core.soname_pairs = lambda ctx, pairs: []
 
 
+def _jail_as_given(core):
+    """REF-7 before the symlinked-jail fix: the jail path taken as given (abspath), not resolved, and
+    compared with mountinfo's resolved mount points: behind a symlink, no mount is ever found."""
+    def as_given(ctx):
+        given = os.path.abspath(os.environ.get("GPUJAIL_JAIL") or os.getcwd())
+        return dataclasses.replace(ctx, jail=given)
+    _on_ctx(core, as_given)
+
+
 def _relink_sonames(core):
     """REF-12 before its amendment: every soname link is replaced by our marker and mount, also one
     that already leads to our own driver library, which a worker still on the older procedure (its
@@ -380,6 +389,8 @@ MUTANTS = {
                                    _predicate_follows_symlinks),
     "placement-by-dirname": ("32-bit libraries told by their host directory's name, not their ELF class: on Arch "
                              "(64-bit /usr/lib) the markers land in the 32-bit directory", _placement_by_dirname),
+    "jail-as-given": ("the jail path taken as given, not resolved: behind a symlink none of its mounts is found",
+                      _jail_as_given),
     "relink-sonames": ("soname links replaced by markers even where they lead to our own library: a worker still on "
                        "the procedure before REF-12 loses its sonames", _relink_sonames),
     "escapes-jail": ("jail paths joined and resolved on the host: a jail symlink leads writes out", _escapes_jail),
