@@ -7,7 +7,7 @@ How this works
     gpujail reproduce SCENARIO [--impl NAME|COMMAND] [--seed N] [--random] [--out DIR]
     gpujail scenarios [FILE ...]
     gpujail failpoints
-    gpujail killmatrix [--mutants A,B] [--tests PATHS] [--quick]
+    gpujail killmatrix [--template] [--mutants A,B] [--tests PATHS] [--quick]
     gpujail expectations SUMMARY.json
     gpujail check HISTORY.jsonl [FINAL_STATE.json] [--timeline OUT.html]
     gpujail explore find|replay IMPL ...

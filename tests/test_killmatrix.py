@@ -1,7 +1,9 @@
 """The kill matrix command (conformance/killmatrix.py) in reduced form: two mutants against one
 test, one of which kills the first and not the second, run as a user runs it (`gpujail
 killmatrix`). The full matrix (every mutant, the conformance and chaos suites) runs on demand:
-`gpujail killmatrix` (tox env `killmatrix`); `python -m gpujail.conformance.killmatrix` is its alias."""
+`gpujail killmatrix` (tox env `killmatrix`); `python -m gpujail.conformance.killmatrix` is its alias.
+The shell template's mutants (`--template`, reference_impl/template_mutants.py) are checked here
+against the current example.sh: every edit applies exactly once and yields a script `sh` can parse."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +15,7 @@ from pathlib import Path
 import gpujail.conformance
 import pytest
 from gpujail.conformance import killmatrix
+from gpujail.reference_impl import template_mutants
 
 from gpujail.backends import kernel
 from gpujail.spec import EXIT
@@ -55,3 +58,54 @@ def test_test_paths_are_the_suites_own_else_yours(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = argparse.Namespace(mutants="no-lock", tests=f"{REF7} chaos test_mine.py::test_x", workers=2, timeout=60)
     assert killmatrix.check(args) == (["no-lock"], [REF7, "chaos", f"{mine}::test_x"])
+
+
+SPACES = "conformance/test_worker_start.py::test_jail_path_with_spaces"
+
+
+@pytest.mark.parametrize("name", list(template_mutants.MUTANTS))
+def test_template_mutant_applies_to_the_current_template(name, tmp_path):
+    """Each edit's text is in example.sh exactly once, so the mutant is the mistake it says, on the
+    template as it is today. Only `sh -n` (syntax) is asked of the result: several mutants are
+    mistakes shellcheck exists to flag (an unquoted path), so shellcheck is not run on them."""
+    text = template_mutants.TEMPLATE.read_text()
+    for old, _ in template_mutants.MUTANTS[name][1]:
+        assert text.count(old) == 1, f"template mutant {name}: {old.strip()[:80]!r} found {text.count(old)} times"
+    path = template_mutants.write([name], tmp_path)[name]
+    assert path.read_text() != text
+    r = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, f"template mutant {name} is not valid sh: {r.stderr}"
+
+
+def test_template_edit_that_no_longer_applies_names_its_mutant():
+    """A template that changed under an edit is an error naming the mutant, never an unchanged
+    script (which would survive for the wrong reason); so is text that is there twice."""
+    old = template_mutants.MUTANTS["no-lock"][1][0][0]
+    for template in (template_mutants.TEMPLATE.read_text().replace(old, "flock 9"), old + old):
+        with pytest.raises(template_mutants.TemplateEditError, match="template mutant no-lock: edit 1 of 1"):
+            template_mutants.script("no-lock", template)
+
+
+def test_unknown_template_mutant_is_a_usage_error(tmp_path):
+    """Through the front door: exit 2, one line naming it, nothing written."""
+    r = subprocess.run([sys.executable, "-m", "gpujail", "killmatrix", "--template", "--mutants", "no-lock,no-such",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == EXIT["bad-input"], r.stdout + r.stderr
+    assert "no-such" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.kernel
+def test_template_matrix_kills_a_mutant(tmp_path):
+    """One template mutant, one test: unquoted-jail runs from the scratch directory as `sh DIR/NAME.sh`
+    and the jail-with-spaces test (which example-shell passes) kills it."""
+    if kernel.precondition():
+        pytest.skip(kernel.precondition())
+    r = subprocess.run([sys.executable, "-m", "gpujail", "killmatrix", "--template", "--mutants", "unquoted-jail",
+                        "--tests", SPACES, "--workers", "0", "--out", str(tmp_path)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == EXIT["passed"], r.stdout + r.stderr
+    data = json.loads((tmp_path / "kill-matrix-template.json").read_text())
+    assert data["baseline"]["implementation"] == "example-shell"
+    assert data["mutants"]["unquoted-jail"]["killed_by"] == [SPACES]
+    assert "# Kill matrix of the shell template" in (tmp_path / "kill-matrix-template.md").read_text()

@@ -3,7 +3,7 @@ the one front door, under the same exit codes (gpujail.spec.EXIT).
 
 Each tool lives in the layer it belongs to and keeps its `python -m` form as an alias:
 
-    killmatrix    gpujail.conformance.killmatrix   which tests kill which mutant of reference
+    killmatrix    gpujail.conformance.killmatrix   which tests kill which mutant of reference (or the template)
     expectations  gpujail.conformance.expectations an expectations file from a run's summary.json
     check         gpujail.chaos.checker            judge a saved history again, draw its timeline
     explore       gpujail.chaos.explore            the model backend's search for a violation, or a replay
@@ -30,7 +30,8 @@ from gpujail.spec import EXIT
 
 
 def add_parsers(sub) -> None:
-    km = sub.add_parser("killmatrix", help="which tests kill which mutant of reference (reports/kill-matrix.md, .json)",
+    km = sub.add_parser("killmatrix", help="which tests kill which mutant of reference, or with --template of the shell "
+                        "template (reports/kill-matrix[-template].md, .json)",
                         description=matrix.__doc__.split("\n")[0].strip("`"))
     matrix.arguments(km)
     ex = sub.add_parser("expectations", help="an expectations file from a run's summary.json, on stdout",
