@@ -250,6 +250,19 @@ def _cmdline(proc: Path) -> str:
 
 @pytest.mark.kernel
 @needs_kernel
+def test_run_stopped_by_x_is_a_failure_not_an_interrupt(tmp_path):
+    """`gpujail run ... -- -x` (a pytest habit), with xdist: the session stops at the first failure
+    by raising xdist's `Interrupted`, a KeyboardInterrupt. That is a failed run with its reports in
+    place (exit 1), not Ctrl-C (it used to end "INTERRUPTED (exit 130)", reports under interrupted/)."""
+    reports = tmp_path / "reports"
+    r = gpujail(tmp_path, "run", "--impl", "legacy", "--expectations", "", "--reports", str(reports), "-n", "2",
+                "-k", "test_no_empty_placeholder_after_cold_start or test_cold_bring_up", "--", "-x")
+    assert r.returncode == cli.EXIT["failed"] and "FAILED (exit 1)" in r.stdout, r.stdout + r.stderr
+    assert (reports / "summary.json").exists() and not (reports / "interrupted").exists()
+
+
+@pytest.mark.kernel
+@needs_kernel
 @pytest.mark.parametrize("expectations,code", [(None, "passed"), ("", "failed")], ids=["expected", "unexpected"])
 def test_run_gate(tmp_path, expectations, code):
     """`gpujail run` against legacy on the seed bug: green with legacy's expectations (the failure

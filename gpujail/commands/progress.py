@@ -69,14 +69,19 @@ class TestCounter:
     """A pytest plugin counting tests done and failed (in the xdist controller: every worker's)."""
 
     def __init__(self):
-        self.total, self.done, self.failed, self.interrupted = None, 0, 0, False
+        self.total, self.done, self.failed, self.interrupted, self.stopped_early = None, 0, 0, False, False
 
     def pytest_collection_finish(self, session):
         if session.items:
             self.total = len(session.items)
 
     def pytest_keyboard_interrupt(self, excinfo):
-        self.interrupted = True
+        # pytest and xdist stop a session for `-x`/`--maxfail` by raising their own `Interrupted`, a
+        # KeyboardInterrupt: a run that failed and stopped early, not Ctrl-C (issue 28).
+        if type(excinfo.value).__name__ == "Interrupted":
+            self.stopped_early = True
+        else:
+            self.interrupted = True
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):

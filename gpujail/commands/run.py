@@ -112,6 +112,8 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
         log.close()
         remove_tree(basetemp)   # what the tests left (jails, histories); failing chaos runs' are in reports/
     summary = json.loads(paths["json"].read_text()) if paths["json"].exists() else None
+    if counter.stopped_early and code == pytest.ExitCode.INTERRUPTED:
+        code = pytest.ExitCode.TESTS_FAILED   # `-x`: judged by what ran, as pytest itself does without xdist
     outcome = pytest_outcome(code, counter.interrupted, summary)
     if summary:
         print("\n" + reporting.text(summary), file=out)
