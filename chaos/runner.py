@@ -281,24 +281,24 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             versions.update({n: scenario.ldconfig.get("version", DEFAULT_VERSION) for n in nemesis_names})
         log("chaos.begin", scenario=scenario.name, impl=impl, impls=scenario.impls, seed=seed, schedule=schedule,
             versions=versions, windows=list(scenario.windows))
-        for w, spec in schedule.items():
+        def armed(w: str, spec: str, prefix: str = "", **fields) -> None:
+            """One chaos.fault event per `NAME=TERM` of a worker's spec (the nemesis's plan)."""
             for entry in spec.split(";"):
                 failpoint, _, term = entry.partition("=")
-                log("chaos.fault", worker=w, failpoint=failpoint, term=term)
+                log("chaos.fault", worker=w, failpoint=prefix + failpoint, term=term, **fields)
+
+        for w, spec in schedule.items():
+            armed(w, spec)
         restarts = scenario.restart_schedule()
         for w, by_attempt in restarts.items():
             for attempt, spec in by_attempt.items():
-                for entry in spec.split(";"):
-                    failpoint, _, term = entry.partition("=")
-                    log("chaos.fault", worker=w, failpoint=failpoint, term=term, start=attempt + 1)
+                armed(w, spec, start=attempt + 1)
         # Syscall faults: the worker's CLI runs under strace --inject (fixtures/syscall_faults.py).
         syscalls = scenario.syscall_schedule()
         if syscalls and syscall_faults.unavailable():
             raise RuntimeError(f"scenario {scenario.name} injects syscall faults, but {syscall_faults.unavailable()}")
         for w, spec in syscalls.items():
-            for entry in spec.split(";"):
-                call, _, term = entry.partition("=")
-                log("chaos.fault", worker=w, failpoint=SYSCALL + call, term=term)
+            armed(w, spec, SYSCALL)
         first_env = {w: {"GPUJAIL_FAILPOINTS": spec} for w, spec in schedule.items()}
         for w, spec in syscalls.items():
             first_env.setdefault(w, {})[syscall_faults.ENV] = spec
@@ -351,8 +351,9 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         keeper.start()
         def files_for(version: str) -> list[dict]:
             return (gpu_files(jail, version, scenario.capabilities, scenario.layout)
-                    + (soname_files(jail, version, scenario.capabilities) if scenario.probe_sonames else [])
-                    + (lookup_files(jail, version, scenario.capabilities) if scenario.probe_lookups else []))
+                    + (soname_files(jail, version, scenario.capabilities, scenario.layout) if scenario.probe_sonames else [])
+                    + (lookup_files(jail, version, scenario.capabilities, scenario.layout) if scenario.probe_lookups
+                       else []))
 
         probes = {w: files_for(v) for w, _, v in scenario.workers if v}
         if old is not None:

@@ -73,12 +73,10 @@ def by_depth(mounts: list[dict]) -> list[dict]:
 
 def file_set(ctx: core.Ctx, applied: dict) -> list[tuple[str, str]]:
     """(host path, jail-relative target) of every mount and device node, each checked to stay inside
-    the jail (REF-2, REF-11; core.stays_inside)."""
+    the jail (REF-2, REF-11; core.all_inside)."""
     pairs = [(m["hostPath"], m["containerPath"].lstrip("/")) for m in by_depth(applied.get("mounts", []))]
     pairs += [(n.get("hostPath") or n["path"], n["path"].lstrip("/")) for n in applied.get("deviceNodes", [])]
-    root, real_dirs = ctx.sys.realpath(ctx.jail), {}
-    for _, rel in pairs:
-        core.stays_inside(ctx, root, rel, real_dirs)
+    core.all_inside(ctx, pairs)
     return list(dict.fromkeys(pairs))
 
 

@@ -153,11 +153,11 @@ def elf32(ctx: Ctx, host_path: str) -> bool:
     """REF-2: whether a library of the file set is 32-bit. The CLI knows it from `list`'s sections
     (the ELF class the host's linker cache records), so do we, from the file's ELF header: never
     from its directory's name (`/usr/lib` is 64-bit on Arch, 32-bit on RHEL)."""
+    from gpujail.fixtures.elf import ELFCLASS32, elf_class  # the one ELF parser of the project
     try:
-        head = bytes(ctx.sys.read_image(host_path)[:5])
+        return elf_class(ctx.sys.read_image(host_path)) == ELFCLASS32
     except OSError as e:
         raise Fatal("bad-input", f"`{ctx.cli} list` printed {host_path}, which cannot be read: {e.strerror}") from None
-    return head[:4] == b"\x7fELF" and head[4:5] == b"\x01"
 
 
 def plan(ctx: Ctx, host_paths: list[str]) -> list[tuple[str, str]]:
@@ -165,11 +165,16 @@ def plan(ctx: Ctx, host_paths: list[str]) -> list[tuple[str, str]]:
     debian = is_debian(ctx)
     ctx.elf32 = {p for p in host_paths if is_library(p) and elf32(ctx, p)}
     pairs = [(p, target(p, debian, p in ctx.elf32)) for p in host_paths]
+    all_inside(ctx, pairs)
+    return pairs
+
+
+def all_inside(ctx: Ctx, pairs: list[tuple[str, str]]) -> None:
+    """`stays_inside` for every target of `pairs`."""
     root = ctx.sys.realpath(ctx.jail)
     real_dirs: dict[str, str] = {}   # a start's sixty targets lie in five directories: each resolved once
     for _, rel in pairs:
         stays_inside(ctx, root, rel, real_dirs)
-    return pairs
 
 
 def stays_inside(ctx: Ctx, root: str, rel: str, real_dirs: dict[str, str]) -> None:

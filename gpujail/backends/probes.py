@@ -58,23 +58,25 @@ def gpu_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = 
     return out
 
 
-def soname_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility") -> list[dict]:
+def soname_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility",
+                 layout: str = "debian") -> list[dict]:
     """REF-12: probe requests for the soname of every 64-bit driver library configure mounts for
     `capabilities` (`libnvidia-ml.so.1`, `libcuda.so.1`, ...), each compared with *this node's own*
     host library and loaded (the probe then names the driver it got: `driver`)."""
     caps = nvc_info.capabilities(capabilities)
     return [{"path": f"{jail}/usr/lib/x86_64-linux-gnu/{f.soname}", "host": f.path, "load": True, "soname": True}
-            for f in drivers.catalogue(version)
+            for f in drivers.catalogue(version, layout)
             if f.kind == "library" and nvc_info.selected(f.path, caps) and f.soname != os.path.basename(f.path)]
 
 
-def lookup_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility") -> list[dict]:
+def lookup_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = "compute,utility",
+                 layout: str = "debian") -> list[dict]:
     """Issue 17 (the operator's PR #2621 and #2682): each soname of `soname_files` looked up
     through the jail's `etc/ld.so.cache`, twice: as the real ldconfig prints the cache, and by a
     real dlopen by soname with the jail as root. Each must give this node's own host library."""
     ldconfig = find_ldconfig()
     return [{"lookup": os.path.basename(f["path"]), "via": via, "root": str(jail), "host": f["host"],
-             "ldconfig": ldconfig} for f in soname_files(jail, version, capabilities) for via in ("ldconfig", "dlopen")]
+             "ldconfig": ldconfig} for f in soname_files(jail, version, capabilities, layout) for via in ("ldconfig", "dlopen")]
 
 
 def compat_files(jail, node: str, events: list[dict]) -> list[dict]:
