@@ -3,8 +3,8 @@ someone reproducing a race, and to the project's tools.
 
 How this works
 --------------
-    gpujail run [--impl NAME|COMMAND] [--backend B] [--expectations FILE] [TEST ...] [-- PYTEST-ARGS]
-    gpujail reproduce SCENARIO [--impl NAME|COMMAND] [--seed N] [--random] [--out DIR]
+    gpujail run [--impl NAME|COMMAND] [--backend B] [--expectations FILE] [--cdi-spec FILE] [TEST ...] [-- PYTEST-ARGS]
+    gpujail reproduce SCENARIO [--impl NAME|COMMAND] [--seed N] [--random] [--out DIR] [--cdi-spec FILE]
     gpujail scenarios [FILE ...]
     gpujail failpoints
     gpujail killmatrix [--template] [--mutants A,B] [--tests PATHS] [--quick]
@@ -123,6 +123,8 @@ def cmd_run(args, pytest_args: list[str]) -> int:
         options.check_workers(options.flag("workers", args.workers))
         options.check_seconds(options.flag("start-timeout", args.start_timeout))
         options.real_cli(options.flag("cli", args.cli))
+        options.check_cdi_spec(options.flag("cdi-spec", args.cdi_spec), options.flag("backend", args.backend),
+                               options.flag("launcher", args.launcher or ""))
     except options.CliUnavailable as e:   # a host without the real CLI cannot run that backend
         raise Stop("backend", str(e)) from None
     except options.BadInput as e:
@@ -138,6 +140,13 @@ def cmd_reproduce(args) -> int:
     check_impl(args.impl)
     check_backend("kernel")   # the chaos runner's backend
     check_launcher(args)
+    try:
+        spec = options.check_cdi_spec(options.flag("cdi-spec", args.cdi_spec), options.flag("backend", "kernel"),
+                                      options.flag("launcher", args.launcher or ""))
+    except options.BadInput as e:
+        raise Stop("bad-input", str(e)) from None
+    from gpujail.fixtures import cdi_spec
+    cdi_spec.activate(spec)   # the runner's nodes and probes, in this process
     return scenarios.reproduce(args, sc)
 
 
@@ -169,6 +178,7 @@ def parser() -> Parser:
     run.add_argument("--start-timeout", default=env["start-timeout"], help=help_of["start-timeout"])
     run.add_argument("--jail-fs", default=env["jail-fs"], help=help_of["jail-fs"])
     run.add_argument("--cli", default=env["cli"], choices=list(options.CLI_VARIANTS), help=help_of["cli"])
+    run.add_argument("--cdi-spec", default=env["cdi-spec"], metavar="FILE", help=help_of["cdi-spec"])
     run.add_argument("--reports", default="reports", help="directory for the reports (default: reports)")
     run.add_argument("-n", "--jobs", default="auto", help="pytest-xdist processes (default: auto)")
     run.add_argument("-m", help="pytest marker expression, e.g. scale for the 128-worker run")
@@ -184,6 +194,7 @@ def parser() -> Parser:
     rep.add_argument("--workers", default=env["workers"], help=help_of["workers"])
     rep.add_argument("--random", action="store_true", help="add the seeded random timing (the '-random-seed+N' tests)")
     rep.add_argument("--out", help="where to keep history, final state and timeline")
+    rep.add_argument("--cdi-spec", default=env["cdi-spec"], metavar="FILE", help=help_of["cdi-spec"])
     add_launcher_flags(rep, env, help_of)
 
     sc = sub.add_parser("scenarios", help="list the chaos scenarios, one line each (or check scenario files)")

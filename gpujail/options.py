@@ -60,6 +60,10 @@ OPTIONS = [
     Option("jail-fs", "GPUJAIL_JAIL_FS", "local",
            "the jail's file system: 'local' (one directory), 'gluster' (GlusterFS, one FUSE client per node) "
            "or 'nodelocal-locks' (a bindfs view per node: flock serialises only within a node); kernel backend"),
+    Option("cdi-spec", "GPUJAIL_CDI_SPEC", "",
+           "a CDI spec your `nvidia-ctk cdi generate` wrote (YAML or JSON): the worker nodes get the files it names as "
+           "their driver, the fake nvidia-ctk prints it, the probes check its mounts, and the implementation is "
+           "taken as CDI-mode; kernel backend"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
     Option("launcher", "GPUJAIL_LAUNCHER", "",
@@ -73,7 +77,7 @@ OPTIONS = [
 # --launcher kubernetes: the --k8s-* settings (gpujail/launchers/kubernetes.py's table).
 OPTIONS += [Option(*setting) for setting in kubernetes.SETTINGS]
 BY_NAME = {o.name: o for o in OPTIONS}
-PATHS = ("expectations", "gpujail-report")   # values shown as they are in messages; the others quoted
+PATHS = ("expectations", "gpujail-report", "cdi-spec")   # values shown as they are in messages; the others quoted
 SELF_CHECK_MODES = ("once", "always")
 EXPECTATION_SECTIONS = ("implementation", "requirements", "tests", "intermittent", "inconclusive")
 # Interpreters whose first non-option argument is the script they run (`bash vendor.sh -j {jail}`);
@@ -296,6 +300,24 @@ def check_jail_fs(v: Value, backend: Value) -> None:
     if v.text != "local" and backend.text != "kernel":
         raise BadInput(f"{v.label}: needs --backend kernel (given {backend.text!r}): only its nodes mount their "
                        "own client of the jail")
+def check_cdi_spec(v: Value, backend: Value, launcher: Value | None = None) -> str:
+    """--cdi-spec: '' (none) or a vendor's CDI spec that reads and that the suite can inject
+    (fixtures/cdi_spec.py says what it checks), on the kernel backend's own nodes (the docker
+    backend's image and a launcher's agents lay the fixture driver, not a spec's). Returns the
+    spec's absolute path, '' for none."""
+    if not v.text:
+        return ""
+    from gpujail.fixtures import cdi_spec
+    if backend.text != "kernel":
+        raise BadInput(f"{v.label}: needs --backend kernel (given {backend.text!r}): only its nodes lay a spec's files")
+    if launcher is not None and launcher.text:
+        raise BadInput(f"{v.label}: not with --launcher ({launcher.text!r}): the agents' nodes lay the fixture driver")
+    try:
+        return cdi_spec.load(v.text).path
+    except cdi_spec.SpecError as e:
+        raise BadInput(f"{v.label}: {e}") from None
+
+
 def check_launcher(v: Value) -> str:
     """--launcher: '' (none) or one of gpujail.launchers.NAMES; --nodes with it a count."""
     from gpujail.launchers import NAMES
@@ -366,5 +388,6 @@ def check_all(read) -> tuple[dict[str, Value], dict]:
     check_jail_fs(values["jail-fs"], values["backend"])
     check_launcher(values["launcher"])
     launcher_options(values)
+    check_cdi_spec(values["cdi-spec"], values["backend"], values["launcher"])
     check_impl(values["impl"])
     return values, load_expectations(values["expectations"])

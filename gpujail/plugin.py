@@ -110,6 +110,9 @@ class Suite:
         os.environ["GPUJAIL_CLI_VARIANT"] = options.check_cli(self.values["cli"])
         # --cli real: the host's CLI, which workers get through the syscall-fault wrapper (contract_env).
         os.environ["GPUJAIL_CLI_TARGET"] = options.real_cli(self.values["cli"])
+        # --cdi-spec: the vendor's spec, for this process and every node it starts (fixtures/cdi_spec.py).
+        from gpujail.fixtures import cdi_spec
+        cdi_spec.activate(self.value("cdi-spec"))
         self.config = config
         self.by_requirement: dict[str, list] = defaultdict(list)
         self.self_checks: dict[str, list] = defaultdict(list)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gpujail import ROOT
 from gpujail.backends import warm
-from gpujail.fixtures import BIN, drivers, syscall_faults
+from gpujail.fixtures import BIN, cdi_spec, drivers, syscall_faults
 from gpujail.spec import start_timeout
 from gpujail.world import history
 
@@ -93,11 +93,17 @@ class Node:
     options: dict = field(default_factory=dict)   # jail_readonly: bool, jail_tmpfs: "80k" (this node only), mps: bool
     proc: subprocess.Popen | None = field(default=None, repr=False)
     pid1: int | None = None                        # the node's PID 1, as the host sees it
+    vendor: cdi_spec.VendorSpec | None = field(default=None, repr=False)   # --cdi-spec: the driver it serves
 
     def start(self) -> Node:
         devices, socket_path, tree = [], None, None
-        if self.role == "gpu-worker":
-            layout = self.options.get("layout", "debian")   # the host's distribution (where its libraries are)
+        layout = self.options.get("layout", "debian")   # the host's distribution (where its libraries are)
+        # --cdi-spec: the vendor's driver, from their own spec, stands in for the default fixture driver
+        self.vendor = cdi_spec.for_node(self.version, layout) if self.role == "gpu-worker" else None
+        if self.vendor is not None:
+            tree = str(self.vendor.materialise(mps=bool(self.options.get("mps"))))
+            devices, socket_path = self.vendor.devices, self.vendor.sockets
+        elif self.role == "gpu-worker":
             tree = str(drivers.materialise(self.version, mps=bool(self.options.get("mps")), layout=layout))
             cat = drivers.catalogue(self.version, layout)
             devices = [(f.path, *f.device) for f in cat if f.kind == "device"]
@@ -152,6 +158,8 @@ class Node:
                "NVIDIA_DRIVER_CAPABILITIES": capabilities}
         if os.environ.get("GPUJAIL_CLI_VARIANT"):   # --cli: which fake CLI the workers get
             env["GPUJAIL_CLI_VARIANT"] = os.environ["GPUJAIL_CLI_VARIANT"]
+        if self.vendor is not None:   # --cdi-spec: the fake nvidia-ctk prints the vendor's spec
+            env[cdi_spec.ENV] = self.vendor.path
         env.update({k: v for k, v in self.env.items()})
         env.update(extra or {})
         if os.environ.get(syscall_faults.TARGET_ENV):   # --cli real: the host's CLI, through the wrapper

@@ -2,7 +2,7 @@
 
 How this works
 --------------
-`python -m gpujail.backends.node CONFIG_JSON` is started by the harness (`gpujail/kernel.py`) with pipes on
+`python -m gpujail.backends.node CONFIG_JSON` is started by the harness (`gpujail/backends/kernel.py`) with pipes on
 stdin/stdout, or forked with them by the harness's node factory (`--factory`, warm.py), which has
 made the imports and bytecode (`prepare`) once for all its nodes. It:
 
@@ -194,8 +194,7 @@ def build_view(cfg: dict) -> None:
     if cfg.get("jail_readonly"):
         sysops.mount(jail, jail, None, MS_BIND | MS_REC)
         sysops.remount(jail, MS_RDONLY)
-    if cfg.get("socket"):
-        path = cfg["socket"]
+    for path in [cfg["socket"]] if isinstance(cfg.get("socket"), str) else cfg.get("socket") or []:   # list: --cdi-spec
         os.makedirs(os.path.dirname(path), exist_ok=True)
         s = socket.socket(socket.AF_UNIX)
         s.bind(path)   # a real socket inode; nobody needs to listen for a bind mount of it
@@ -246,6 +245,7 @@ def _node_dev(cfg: dict) -> None:
     os.chmod(f"{stage}/shm", 0o1777)
     for path, major, minor in cfg.get("devices", []):
         local = stage + path[len("/dev"):]
+        os.makedirs(os.path.dirname(local), exist_ok=True)   # /dev/nvidia-caps/... (--cdi-spec)
         if cfg["privileged"]:
             os.mknod(local, 0o020666, os.makedev(major, minor))
             os.chmod(local, 0o666)

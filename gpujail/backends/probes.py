@@ -13,6 +13,13 @@ sonames looked up as a job's loader does, through the jail's linker cache (Node.
 CUDA image's compat libraries a worker's CLI mounted (REF-6, CLI-3: what `list` never names).
 `problems(results)` turns probe results into one line per lost file (SPEC INV-1, INV-5).
 
+With a vendor's CDI spec (`--cdi-spec`, fixtures/cdi_spec.py), a node serving the vendor's driver
+must see what that spec mounts instead: `gpu_files` is each regular file of its mounts that
+configure would mount for `capabilities` (the same selection as for the fixture driver, so a CLI-based
+neighbour is judged on what it mounts; the CDI-1 test checks every file the spec names), at its
+`containerPath` (a CDI spec flattens nothing, SPEC CDI-1); `soname_files` each such library's soname
+beside it. `cdi_spec.for_node` says which nodes serve the vendor's driver.
+
 A probe round answers every file it was asked about (SPEC section 6, "What a PASS means"): a file
 the round could not clear (its probe process crashed or timed out on it, or the node did not
 answer) gets a result from `unanswered`, with `error` starting with `NO_RESULT` and saying why,
@@ -22,7 +29,7 @@ from __future__ import annotations
 
 import os
 
-from gpujail.fixtures import drivers, nvc_info
+from gpujail.fixtures import cdi_spec, drivers, nvc_info
 from gpujail.fixtures.jail import find_ldconfig
 
 NO_RESULT = "no result: "   # the `error` of a file a probe round could not clear
@@ -45,8 +52,12 @@ def gpu_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str = 
               layout: str = "debian") -> list[dict]:
     """Probe requests for every regular driver file configure mounts for `capabilities` on a host of
     distribution `layout` (fixtures/drivers.py LAYOUTS)."""
-    caps = nvc_info.capabilities(capabilities)
     jail = str(jail)
+    caps = nvc_info.capabilities(capabilities)
+    vendor = cdi_spec.for_node(version, layout)
+    if vendor is not None:   # --cdi-spec: the vendor spec's files for `capabilities`, where the spec mounts them
+        return [{"path": jail + f.target, "host": f.path, "load": f.kind == "library"} for f in vendor.files
+                if f.mode & 0o170000 == drivers.S_IFREG and nvc_info.selected(f.path, caps)]
     out = []
     for f in drivers.catalogue(version, layout):
         if not f.on_disk or not nvc_info.selected(f.path, caps, f.kind == "library32"):
@@ -64,6 +75,11 @@ def soname_files(jail, version: str = drivers.DEFAULT_VERSION, capabilities: str
     `capabilities` (`libnvidia-ml.so.1`, `libcuda.so.1`, ...), each compared with *this node's own*
     host library and loaded (the probe then names the driver it got: `driver`)."""
     caps = nvc_info.capabilities(capabilities)
+    vendor = cdi_spec.for_node(version, layout)
+    if vendor is not None:   # --cdi-spec: each library's soname in its own containerPath directory
+        return [{"path": f"{jail}{os.path.dirname(f.target)}/{f.soname}", "host": f.path, "load": True, "soname": True}
+                for f in vendor.files if f.kind == "library" and nvc_info.selected(f.path, caps)
+                and f.soname != os.path.basename(f.target)]
     return [{"path": f"{jail}/usr/lib/x86_64-linux-gnu/{f.soname}", "host": f.path, "load": True, "soname": True}
             for f in drivers.catalogue(version, layout)
             if f.kind == "library" and nvc_info.selected(f.path, caps) and f.soname != os.path.basename(f.path)]
