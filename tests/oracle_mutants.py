@@ -66,15 +66,16 @@ class Mutant:
     cites: str                       # the SPEC IDs whose check it breaks
     make: Callable                   # the original -> the mutated replacement
     here: bool = False               # rebind in the target's module only (constants, one module's view)
+    group: str = "oracle"            # which self-tests judge it (GROUPS)
 
 
 MUTANTS: dict[str, Mutant] = {}
 
 
-def mutant(name: str, target: str, mistake: str, cites: str, here: bool = False):
+def mutant(name: str, target: str, mistake: str, cites: str, here: bool = False, group: str = "oracle"):
     """Register `make(original) -> replacement` as mutant `name`."""
     def add(make: Callable) -> Callable:
-        MUTANTS[name] = Mutant(name, target, mistake, cites, make, here)
+        MUTANTS[name] = Mutant(name, target, mistake, cites, make, here, group)
         return make
     return add
 
@@ -321,6 +322,154 @@ def _(check_residue):
     return _wrap(check_residue, mutated)
 
 
+# -- the catalogue: simpler CDI fakes (--group cdi-fakes) ---------------------------------------
+# What a simpler fake of `nvidia-ctk cdi generate` or `nvidia-cdi-hook` would do where the toolkit's
+# source does otherwise (docs/cdi-fidelity.md): each must fail tests/test_cdi_fidelity.py. The fakes
+# run as programs, so a run of this group also hands the tests wrappers of them that apply the mutant
+# in the fake's own process (FAKES_ENV, `run_fake`).
+
+FAKES = "cdi-fakes"
+
+
+@mutant("ctk-flattens-paths", "gpujail.fixtures.fake_ctk:_mount",
+        "containerPath is the file's name in the 64-bit library directory, as the CLI's configure mounts "
+        "(CLI-3), not the host path with the driver root stripped", "CDI-1", group=FAKES)
+def _(_mount):
+    def mutated(root, host_path, options):
+        return {**_mount(root, host_path, options), "containerPath": f"/usr/lib/x86_64-linux-gnu/{os.path.basename(host_path)}"}
+    return _wrap(_mount, mutated)
+
+
+@mutant("ctk-bind-options", "gpujail.fixtures.fake_ctk:MOUNT_OPTIONS",
+        "mount options as older toolkits and the SPEC's text have them (`ro,nosuid,nodev,bind`), not "
+        "`rbind,rprivate` (d0103aa6)", "CDI-1", here=True, group=FAKES)
+def _(options):
+    return ["ro", "nosuid", "nodev", "bind"]
+
+
+@mutant("ctk-no-soname-links", "gpujail.fixtures.fake_ctk:ldconfig_never_ran",
+        "on a driver tree ldconfig never ran on, no SONAME links: the spec lacks the libnvidia-ml.so.1 a "
+        "real host's spec has, and CDI-3's REF-12 case never arises", "CDI-1, CDI-3", group=FAKES)
+def _(ldconfig_never_ran):
+    return _wrap(ldconfig_never_ran, lambda libs: False)
+
+
+@mutant("ctk-links-where-none", "gpujail.fixtures.fake_ctk:soname_links",
+        "a SONAME link for a library whose soname the host lacks (the toolkit's linkExists: only an "
+        "existing symlink counts)", "CDI-1, CDI-3", group=FAKES)
+def _(soname_links):
+    return _wrap(soname_links, lambda host_path, container_path, as_ldconfig_leaves=False:
+                 soname_links(host_path, container_path, True))
+
+
+@mutant("ctk-yaml-as-json", "gpujail.fixtures.fake_ctk:render",
+        "the YAML format written as JSON (valid YAML, not what yaml.v3 writes)", "CDI-1", group=FAKES)
+def _(render):
+    return _wrap(render, lambda spec, fmt: render(spec, "json"))
+
+
+@mutant("ctk-sorted-by-path", "gpujail.fixtures.fake_ctk:_depth_sorted",
+        "mounts and device nodes sorted by path alone, not by depth then path (transform/sorter.go)",
+        "CDI-1", group=FAKES)
+def _(_depth_sorted):
+    return _wrap(_depth_sorted, lambda items, key: sorted(_depth_sorted(items, key), key=lambda i: i[key]))
+
+
+@mutant("ctk-index-names-only", "gpujail.fixtures.fake_ctk:device_specs",
+        "devices named by index only (the toolkit names each GPU by index and by UUID)", "CDI-1", group=FAKES)
+def _(device_specs):
+    return _wrap(device_specs, lambda opts, dev_root: device_specs({**opts, "device-name-strategy": ["index"]}, dev_root))
+
+
+@mutant("ctk-device-id-ignored", "gpujail.fixtures.fake_ctk:device_specs",
+        "--device-id ignored: every GPU gets a device, an unknown index is no error", "CDI-1", group=FAKES)
+def _(device_specs):
+    return _wrap(device_specs, lambda opts, dev_root: device_specs({**opts, "device-id": ["all"]}, dev_root))
+
+
+@mutant("hook-keeps-files", "gpujail.fixtures.fake_cdi_hook:create_link",
+        "create-symlinks leaves a regular file at the link path alone (the toolkit renames its link over "
+        "whatever is there)", "CDI-3", group=FAKES)
+def _(create_link):
+    def mutated(root, target, link):
+        path = os.path.join(root, link.lstrip("/"))
+        if os.path.lexists(path) and not os.path.islink(path):
+            return None
+        return create_link(root, target, link)
+    return _wrap(create_link, mutated)
+
+
+@mutant("hook-always-relinks", "gpujail.fixtures.fake_cdi_hook:link_exists",
+        "create-symlinks replaces a link that already points at its target (a new inode every start)",
+        "CDI-3", group=FAKES)
+def _(link_exists):
+    return _wrap(link_exists, lambda target, link_path: False)
+
+
+@mutant("hook-one-drop-in", "gpujail.fixtures.fake_cdi_hook:create_conf",
+        "update-ldcache reuses an existing nvcr drop-in of the same kind (the toolkit's CreateTemp makes a "
+        "new one every run)", "CDI-4", group=FAKES)
+def _(create_conf):
+    def mutated(pattern, dirs):
+        prefix = pattern.split("*")[0]
+        have = [n for n in (os.listdir("/etc/ld.so.conf.d") if os.path.isdir("/etc/ld.so.conf.d") else [])
+                if n.startswith(prefix)]
+        return f"/etc/ld.so.conf.d/{have[0]}" if have and dirs else create_conf(pattern, dirs)
+    return _wrap(create_conf, mutated)
+
+
+@mutant("hook-drop-in-every-folder", "gpujail.fixtures.fake_cdi_hook:conf_directories",
+        "update-ldcache compares the folders with the system directories only, not with what ld.so.conf "
+        "already lists: one more 00-nvcr file per start for the same folders", "CDI-4", group=FAKES)
+def _(conf_directories):
+    return _wrap(conf_directories, lambda conf, system: set(system))
+
+
+class _OsWithoutExec:
+    """The `os` module as fake_cdi_hook sees it, but execve ends the process instead of running ldconfig."""
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    @staticmethod
+    def execve(path, argv, env):
+        os._exit(0)
+
+
+@mutant("hook-never-runs-ldconfig", "gpujail.fixtures.fake_cdi_hook:os",
+        "update-ldcache writes its drop-ins and exits without running ldconfig: the shared cache is never "
+        "rewritten", "CDI-4", here=True, group=FAKES)
+def _(os_module):
+    return _OsWithoutExec()
+
+
+@mutant("hook-failure-exits-zero", "gpujail.fixtures.fake_cdi_hook:run",
+        "a failing hook logs its error and exits 0: the runtime never learns", "CDI-3, CDI-4", here=True, group=FAKES)
+def _(run):
+    return _wrap(run, lambda *args, **kwargs: (run(*args, **kwargs), 0)[1])
+
+
+GROUPS = {"oracle": SELF_TESTS, FAKES: ["tests/test_cdi_fidelity.py"]}
+FAKES_ENV = "GPUJAIL_CDI_FAKES"   # the directory tests/test_cdi_fidelity.py runs the fakes from
+FAKE_PROGRAMS = {"nvidia-ctk": "gpujail.fixtures.fake_ctk", "nvidia-cdi-hook": "gpujail.fixtures.fake_cdi_hook"}
+
+
+def fake_wrappers(name: str, directory: Path) -> None:
+    """Write `nvidia-ctk` and `nvidia-cdi-hook` into `directory`: the fakes with mutant `name` applied."""
+    for program, module in FAKE_PROGRAMS.items():
+        path = directory / program
+        path.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+                        f"import oracle_mutants\nsys.exit(oracle_mutants.run_fake({module!r}, {name!r}))\n")
+        path.chmod(0o755)
+
+
+def run_fake(module: str, name: str) -> int:
+    """A fake's main with mutant `name` in place (its module imported first, so every binding is found)."""
+    fake = importlib.import_module(module)
+    apply(name, pytest.MonkeyPatch())
+    return fake.main()
+
+
 # -- applying one --------------------------------------------------------------------------------
 
 def resolve(m: Mutant) -> tuple[object, str, object]:
@@ -390,6 +539,11 @@ def pytest_configure(config) -> None:
             apply(name, _patch)
         except MutantError as e:
             raise pytest.UsageError(str(e)) from None
+        if MUTANTS[name].group == FAKES:
+            import tempfile
+            directory = Path(tempfile.mkdtemp(prefix="cdi-fakes-"))
+            fake_wrappers(name, directory)
+            _patch.setenv(FAKES_ENV, str(directory))
 
 
 def pytest_report_header(config) -> str | None:
@@ -414,7 +568,11 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 
 def pytest_unconfigure(config) -> None:
+    wrappers = os.environ.get(FAKES_ENV) if os.environ.get(ENV) else None
     _patch.undo()
+    if wrappers:
+        import shutil
+        shutil.rmtree(wrappers, ignore_errors=True)
 
 
 # -- the runner ----------------------------------------------------------------------------------
@@ -454,29 +612,32 @@ def table(results: dict[str, dict]) -> str:
         killers = r["killers"]
         shown = ", ".join(f"`{_short(k)}`" for k in killers[:3]) + (f" (+{len(killers) - 3} more)" if len(killers) > 3 else "")
         verdict = f"ERROR: {r['error']}" if r["error"] else shown or "**SURVIVED**"
+        group = f"--group {m.group} " if m.group != "oracle" else ""
         rows.append(f"| `{name}` | {m.mistake} | {m.cites} | {len(killers)} | {verdict} | "
-                    f"`scripts/oracle-killmatrix --mutants {name}` | {r['seconds']:.1f} s |")
+                    f"`scripts/oracle-killmatrix {group}--mutants {name}` | {r['seconds']:.1f} s |")
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="scripts/oracle-killmatrix", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mutants", help="comma-separated mutant names (default: every one)")
-    ap.add_argument("--tests", nargs="+", metavar="TEST", help=f"the self-tests to run (default: {' '.join(SELF_TESTS)})")
+    ap.add_argument("--group", choices=list(GROUPS), default="oracle",
+                    help="the checker, probes and gate (oracle), or the CDI fakes against simpler fakes (cdi-fakes)")
+    ap.add_argument("--mutants", help="comma-separated mutant names (default: every one of the group)")
+    ap.add_argument("--tests", nargs="+", metavar="TEST", help="the self-tests to run (default: the group's)")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args(argv)
     if args.list:
-        for m in MUTANTS.values():
+        for m in (m for m in MUTANTS.values() if m.group == args.group):
             print(f"{m.name:<30} {m.target}\n{'':<30} {m.mistake} ({m.cites})")
         return 0
-    names = args.mutants.split(",") if args.mutants else list(MUTANTS)
-    unknown = [n for n in names if n not in MUTANTS]
+    names = args.mutants.split(",") if args.mutants else [n for n, m in MUTANTS.items() if m.group == args.group]
+    unknown = [n for n in names if n not in MUTANTS or MUTANTS[n].group != args.group]
     if unknown:
-        print(f"oracle-killmatrix: no mutant {', '.join(unknown)} (see --list)", file=sys.stderr)
+        print(f"oracle-killmatrix: no mutant {', '.join(unknown)} in group {args.group} (see --list)", file=sys.stderr)
         return 2
-    tests = args.tests or [t for t in SELF_TESTS if (REPO / t.split("::")[0]).exists()]
+    tests = args.tests or [t for t in GROUPS[args.group] if (REPO / t.split("::")[0]).exists()]
     base = kill_run(None, tests)
     if base["error"]:
         print(f"oracle-killmatrix: the baseline run failed: {base['error']}", file=sys.stderr)

@@ -20,7 +20,9 @@ from gpujail.fixtures import drivers, fake_ctk
 
 from gpujail.world import history
 
-BIN = Path(__file__).resolve().parents[1] / "fixtures" / "bin"
+# The fakes under test: fixtures/bin, or (scripts/oracle-killmatrix --group cdi-fakes) wrappers of them
+# with one simpler behaviour each, which these tests must tell apart from the toolkit's.
+BIN = Path(os.environ.get("GPUJAIL_CDI_FAKES") or Path(__file__).resolve().parents[1] / "fixtures" / "bin")
 LIB = "usr/lib/x86_64-linux-gnu"
 VERSION = drivers.DEFAULT_VERSION
 
@@ -117,6 +119,9 @@ def test_generate_soname_links_only_where_the_host_has_them(dev_root, tmp_path):
     firmware = [m for m in spec["containerEdits"]["mounts"] if "/firmware/" in m["containerPath"]]
     assert firmware and firmware[0]["containerPath"] == f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin", \
         "firmware keeps its unresolved host path"
+    paths = [m["containerPath"] for m in spec["containerEdits"]["mounts"]]
+    assert paths == sorted(paths, key=lambda p: (p.count("/"), p)) and paths[-1] == firmware[-1]["containerPath"], \
+        "by depth, then path (transform/sorter.go): /lib/firmware/... is last, though it sorts first by name"
     links = spec["containerEdits"]["hooks"][0]["args"]
     assert f"libnvidia-ml.so.{VERSION}::/{LIB}/libnvidia-ml.so.1" in links
     assert not any(a.endswith("/libcudadebugger.so.1") for a in links), "no host link, no soname link"

@@ -66,6 +66,21 @@ def test_one_kill_run():
     assert "no oracle mutant 'nosuch'" in kill_run("nosuch", [inv3], timeout=120)["error"]
 
 
+@pytest.mark.kernel
+def test_one_kill_run_of_a_simpler_fake():
+    """A CDI fake's mutant reaches the fake's own process (a wrapper on GPUJAIL_CDI_FAKES applies it
+    there) and the fidelity test written for it fails; the wrappers are gone afterwards."""
+    import glob
+    import os
+    if os.getuid() != 0:
+        pytest.skip("the CDI fidelity tests' kernel nodes need root")
+    before = set(glob.glob("/tmp/cdi-fakes-*"))
+    exits = "tests/test_cdi_fidelity.py::test_create_symlinks_bad_spec_and_failpoint"
+    result = kill_run("hook-failure-exits-zero", [exits], timeout=120)
+    assert result["error"] is None and result["failed"] == [exits], result
+    assert set(glob.glob("/tmp/cdi-fakes-*")) == before
+
+
 def test_the_matrix_table_reads_as_the_doc_shows_it():
     table = oracle_mutants.table({"unknown-is-pass": {"killers": ["tests/test_checker.py::a", "tests/test_checker.py::b",
                                                                    "tests/test_checker.py::c", "tests/test_checker.py::d"],
