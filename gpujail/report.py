@@ -190,14 +190,26 @@ def text(report: dict) -> str:
     unproven = failures(report, INCONCLUSIVE)
     if unproven:
         lines += ["", "inconclusive (proved nothing; not a pass):"]
-        lines += [f"  {t['test']} ({t['status']}): {t['reason']}" for t in unproven]
+        lines += [f"  {t['test']} ({t['status']}): " + "\n      ".join(short(t["reason"] or "")) for t in unproven]
     bad = [t for t in failures(report) + failures(checks) if t["status"] not in INCONCLUSIVE]
     if bad:
         lines += ["", "failed:"]
         for t in bad:
             lines.append(f"  {t['test']} ({t['status']})" + (f": {t['purpose']}" if t.get("purpose") else ""))
-            lines += ["      " + ln for ln in (t["reason"] or "").splitlines()]
+            lines += ["      " + ln for ln in short(t["reason"] or "")]
     return "\n".join(lines)
+
+
+def short(reason: str, items: int = 6, width: int = 240) -> list[str]:
+    """A reason's lines as the screenful shows them: a line over `width` characters that is a
+    comma-separated list (the files a worker lost, ...) keeps its first `items` entries and says how
+    many more. The reports (summary.json, report.html) keep it whole."""
+    out = []
+    for line in reason.splitlines():
+        parts = line.split(", ")
+        out.append(", ".join(parts[:items]) + f" and {len(parts) - items} more (all of them: summary.json)"
+                   if len(line) > width and len(parts) > items else line)
+    return out
 
 
 def requirement_lines(section: dict) -> list[str]:

@@ -531,3 +531,15 @@ def test_a_hanging_script_costs_about_one_deadline_per_test(tmp_path):
     assert tests and all("timeout after 2 s in start 1 of worker" in t["reason"] for t in tests), tests
     assert took < 60, f"3 tests with a 2 s deadline took {took:.0f} s"
     assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and ("993.5" in _cmdline(p) or "994.5" in _cmdline(p))]
+
+
+def test_a_long_reason_is_shortened_on_screen_and_kept_whole_in_the_reports(tmp_path):
+    """Issue 28: a failure's reason listing 90 paths is one unreadable line; the screenful shows the
+    first few and how many more, summary.json and report.html keep every one."""
+    paths = [f"usr/lib/x86_64-linux-gnu/libnvidia-{i}.so.550.54.15" for i in range(90)]
+    reason = "AssertionError: files lost: " + ", ".join(paths) + "\nsecond line"
+    summary = summary_of([{"test": "conformance/x.py::test_a", "status": "failed", "reason": reason, "ids": ["REF-7"]}])
+    text = report.text(summary)
+    assert f"{paths[5]} and 84 more (all of them: summary.json)\n      second line" in text
+    assert paths[6] not in text
+    assert all(p in report.write_html(summary, tmp_path / "report.html").read_text() for p in paths)
