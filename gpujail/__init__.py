@@ -1,4 +1,4 @@
-"""gpujail: conformance and chaos suite for NVIDIA driver mounts on a shared jail (docs/spec.md).
+"""gpujail: conformance and chaos suite for NVIDIA driver mounts on a shared jail (gpujail/spec.md).
 
 Everything installed lives under this one namespace (docs/architecture.md has the layers). In the
 repository, the suites, the implementations and the fixtures keep the top-level folders their users

@@ -2,7 +2,7 @@
 
 How this works
 --------------
-`Fleet` and `Node` have the kernel backend's interface (gpujail/kernel.py), so the contract runner,
+`Fleet` and `Node` have the kernel backend's interface (gpujail/backends/kernel.py), so the contract runner,
 the conformance `World`, the chaos runner, probes, history and checker work unchanged. A node is
 one container, started through the `docker` SDK from the locally built worker image
 (gpujail/docker_image.py), with:
