@@ -27,6 +27,8 @@ else
 fi
 FLAG=etc/gpu_libs_installed.flag
 ME=example-shell
+NL='
+'   # a newline: `case "$NL$lines$NL" in *"$NL$line$NL"*)` finds a line without running grep
 
 die() { # die CODE MESSAGE: one line on stderr, exit codes as reference_impl/core.py EXIT
     printf '%s: %s\n' "$ME" "$2" >&2
@@ -92,9 +94,9 @@ dummy_mounts() {
 }
 
 # elf32 HOSTPATH: the library is 32-bit. REF-2: the CLI knows it from `list`'s sections (the ELF class
-# the host's linker cache records), so we read the class byte of its ELF header, never the directory's
-# name: /usr/lib holds 64-bit libraries on Arch, 32-bit ones on RHEL.
-elf32() { [ "$(od -An -tu1 -j4 -N1 -- "$1" 2>/dev/null | tr -d ' ')" = 1 ]; }
+# the host's linker cache records), so we read the class byte of its ELF header (od prints it as
+# "   1" or "   2"), never the directory's name: /usr/lib holds 64-bit libraries on Arch, 32-bit ones on RHEL.
+elf32() { case $(od -An -tu1 -j4 -N1 -- "$1" 2>/dev/null) in 1|*[!0-9]1) return 0 ;; esac; return 1; }
 
 # target HOSTPATH: the jail-relative path the CLI mounts HOSTPATH at (SPEC CLI-3, REF-2).
 target() {
@@ -113,11 +115,17 @@ if ! list=$("$CLI" list 2>/dev/null); then    # on failure, run it again for its
     die 2 "\`$CLI list\` failed: $("$CLI" list 2>&1 >/dev/null | tail -n 1)"
 fi
 [ -n "$list" ] || die 2 "\`$CLI list\` printed no files: is the driver installed?"
+# Where the CLI mounts each listed file, worked out once: "HOST<TAB>REL" pairs (REL in the jail).
+files=$(printf '%s\n' "$list" | while IFS= read -r host; do
+    [ -n "$host" ] || continue
+    case "$host" in /*) ;; *) die 2 "\`$CLI list\`: not an absolute path: $host" ;; esac
+    printf '%s\t%s\n' "$host" "$(target "$host")"
+done)
 
 # REF-11: the CLI resolves targets on the host (following symlinks), so refuse a jail where any
 # target resolves outside it (an absolute or `..` symlink), before anything runs. One realpath call.
-outside=$(printf '%s\n' "$list" | while IFS= read -r host; do
-    [ -n "$host" ] && printf '%s/%s\n' "$JAIL" "$(target "$host")"
+outside=$(printf '%s\n' "$files" | while IFS='	' read -r host rel; do
+    printf '%s/%s\n' "$JAIL" "$rel"
 done | xargs -d '\n' realpath -m -- | grep -v -e "^$JAIL/" -e "^$JAIL\$" | head -n 1) || true
 [ -z "$outside" ] || die 7 "a target resolves to $outside, outside the jail $JAIL: refusing (the CLI would follow it)"
 
@@ -210,21 +218,21 @@ create_markers() {
 # symlinks to the host libraries makes one soname link per library there.
 SODIR=$(mktemp -d /run/gpujail-sonames.XXXXXX) || die 8 "cannot make a scratch directory in /run"
 trap 'rm -rf -- "$SODIR"' EXIT
-printf '%s\n' "$list" | while IFS= read -r host; do
-    case "$host" in
-        */lib*.so.*) rel=$(target "$host"); mkdir -p -- "$SODIR/${rel%/*}"; ln -s -- "$host" "$SODIR/$rel" ;;
-    esac
+for dir in "$LIBDIR" "$LIB32DIR"; do               # where target() puts every library
+    mkdir -p -- "$SODIR/$dir"
+    printf '%s\n' "$files" | while IFS='	' read -r host rel; do
+        case "$rel" in "$dir"/lib*.so.*) printf '%s\n' "$host" ;; esac
+    done | xargs -r -d '\n' ln -s -t "$SODIR/$dir" --
 done
-sonames=$(cd "$SODIR" && find . -type d | while IFS= read -r d; do
-    ldconfig -n "$SODIR/$d" 2>/dev/null || true
-    for l in "$SODIR/$d"/*; do
-        [ -L "$l" ] || continue
-        file=$(readlink -- "$l")
-        case "$file" in /*) continue ;; esac      # a library itself, not a soname link
-        printf '%s\t%s\n' "$(readlink -- "$SODIR/$d/$file")" "${d#./}/${l##*/}"
-    done
-done)
-is_soname() { printf '%s\n' "$sonames" | cut -f2 | grep -qxF -- "$1"; }
+# Then every link there, "DIR<TAB>NAME<TAB>TARGET": a library's link leads to its host path (absolute),
+# a soname link ldconfig made to a library's name (relative). Printed: "HOST<TAB>REL" per soname.
+sonames=$(cd "$SODIR" && find . -type d | while IFS= read -r d; do ldconfig -n "$SODIR/$d" 2>/dev/null || true; done &&
+    find . -type l -printf '%h\t%f\t%l\n' | sort | awk -F'\t' '
+        $3 ~ /^\// { host[$1 "/" $2] = $3; next }
+        { soname[++n] = $1 "/" $2; library[n] = $1 "/" $3 }
+        END { for (i = 1; i <= n; i++) if (library[i] in host) print host[library[i]] "\t" substr(soname[i], 3) }')
+soname_rels=$(printf '%s\n' "$sonames" | cut -f2)
+is_soname() { case "$NL$soname_rels$NL" in *"$NL$1$NL"*) return 0 ;; esac; return 1; }
 # A soname link that resolves to this node's own library (as ldconfig made it) is kept: once the CLI
 # mounts that library it leads to our content, and workers that still run an older procedure keep
 # their links. One that leads elsewhere (another driver's library) becomes a marker.
@@ -234,12 +242,7 @@ kept_link() {
         [ "$(realpath -m -- "$JAIL/$1")" = "$(realpath -m -- "$JAIL/${1%/*}/$(own_library "$1")")" ]
 }
 stale_link() { [ -L "$JAIL/$1" ] && is_soname "$1" && ! kept_link "$1"; }
-pairs=$(printf '%s\n' "$list" | while IFS= read -r host; do
-    [ -n "$host" ] || continue
-    case "$host" in /*) ;; *) die 2 "\`$CLI list\`: not an absolute path: $host" ;; esac
-    printf '%s\t%s\n' "$host" "$(target "$host")"
-done)
-pairs=$(printf '%s\n%s\n' "$pairs" "$sonames")
+pairs=$(printf '%s\n%s\n' "$files" "$sonames")
 
 todo=$(missing)
 if [ -n "$todo" ]; then                            # REF-4: warm path takes no lock
@@ -274,8 +277,8 @@ has() {
     case " $caps " in *" --$1 "*) return 0 ;; esac
     case $1 in compute) has video ;; graphics) has display ;; *) return 1 ;; esac
 }
-# selected HOSTPATH: configure mounts this `list` entry for the capabilities asked (libnvidia-container's
-# nvc_info.c lists; the suite's copy is fixtures/nvc_info.py).
+# selected HOSTPATH REL: configure mounts this `list` entry (at REL) for the capabilities asked
+# (libnvidia-container's nvc_info.c lists; the suite's copy is fixtures/nvc_info.py).
 selected() {
     case "$1" in
         /dev/nvidia[0-9]*|/dev/nvidiactl|*/firmware/*) return 0 ;;
@@ -284,7 +287,7 @@ selected() {
         /run/nvidia-persistenced/*|/run/nvidia-fabricmanager/*) has utility; return ;;
         /tmp/nvidia-mps) has compute; return ;;
     esac
-    case "$1" in */lib*.so*) ! elf32 "$1" || has compat32 || return 1 ;; esac
+    case "$2" in "$LIB32DIR"/*) has compat32 || return 1 ;; esac    # a 32-bit library (REF-2: target)
     case ${1##*/} in
         libnvidia-ml.so*|libnvidia-cfg.so*|libnvidia-nscq.so*|nvidia-smi|nvidia-debugdump|nvidia-persistenced|nv-fabricmanager)
             has utility ;;
@@ -310,12 +313,12 @@ err=$("$CLI" --user --no-pivot configure --no-cgroups --cuda-compat-mode=disable
 # mount, for files, real content by size.
 failpoint ref.before_verify ""
 new=$(mounts_under_jail | while read -r id point; do
-    printf '%s\n' "$before" | grep -q "^$id " || printf '%b\n' "$point"
+    case "$NL$before" in *"$NL$id "*) ;; *) printf '%b\n' "$point" ;; esac
 done)
 [ -n "$new" ] || die 5 "the CLI reported success but created no mounts under the jail"
 gone=$({ printf '%s\n' "$new" | sed 's/^/have /'
-         printf '%s\n' "$list" | while IFS= read -r host; do
-             [ -n "$host" ] && selected "$host" && printf '%s/%s\n' "$JAIL" "$(target "$host")"
+         printf '%s\n' "$files" | while IFS='	' read -r host rel; do
+             selected "$host" "$rel" && printf '%s/%s\n' "$JAIL" "$rel"
          done | xargs -r -d '\n' realpath -m -- | sed 's/^/want /'
        } | awk '$1 == "have" { have[substr($0, 6)] = 1; next } !(substr($0, 6) in have) { print substr($0, 6); exit }')
 [ -z "$gone" ] || die 5 "$gone: not mounted after configure: detached meanwhile, or never mounted"
@@ -332,7 +335,7 @@ done
 printf '%s\n' "$sonames" | while IFS='	' read -r host rel; do
     [ -n "$host" ] || continue
     dir=${rel%/*}
-    printf '%s\n' "$new" | grep -qxF -- "$JAIL/$dir/${host##*/}" || continue   # capability not asked for
+    case "$NL$new$NL" in *"$NL$JAIL/$dir/${host##*/}$NL"*) ;; *) continue ;; esac   # capability not asked for
     enter_dir "$dir" || die 7 "cannot enter $JAIL/$dir"
     f=${rel##*/}
     if kept_link "$rel"; then                       # leads to the library the CLI just mounted
