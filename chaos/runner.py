@@ -12,7 +12,11 @@ The run only records; the checker judges (chaos/checker.py). Choreography:
    the scenario has one, starts first; one that holds the jail's ldconfig lock has it before any
    worker starts;
 3. a barrier keeper releases each named barrier once every GPU worker has either arrived at it or
-   finished, and kills the nodes the scenario says to kill when they arrive (SIGKILL: no cleanup);
+   finished (or, where the scenario says so, had a start fail), kills the nodes the scenario says to
+   kill when they arrive (SIGKILL: no cleanup), takes a jail lock file from under whoever arrives
+   at a barrier with a lock fault (removed or replaced: the holder keeps running) and swaps the
+   scenario's symlinks into the jail there; a populate-jail job may run on the live jail once its
+   barrier opens (`populate_at`);
 4. a prober keeps asking every ready GPU worker what a GPU job sees through the jail (real loader,
    bytes compared with the host file; if the scenario says so, its sonames looked up through the
    jail's linker cache too), so a detachment is recorded when it happens;
@@ -37,7 +41,7 @@ from gpujail.chaos import checker, timeline
 from gpujail.chaos.checkers import cells as fault_cells
 from gpujail.chaos.checkers import windows as fault_windows
 from gpujail.chaos.checkers.content import NOBODY_READY
-from gpujail.chaos.scenario import SYSCALL, Scenario
+from gpujail.chaos.scenario import SYSCALL, LockFault, Scenario, SwappedLink
 from gpujail.fixtures import jail as jail_image
 from gpujail.fixtures import syscall_faults
 from gpujail.fixtures.drivers import DEFAULT_VERSION
@@ -46,6 +50,7 @@ from gpujail.reference_impl import core
 from gpujail.backends import kernel
 from gpujail.backends.probes import compat_files, gpu_files, lookup_files, soname_files, unanswered
 from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
+from gpujail.spec import LOCK
 from gpujail.world import history
 from gpujail.world.failpoints import Barrier
 
@@ -189,6 +194,19 @@ def _wait_until_held(lock: Path, nemeses: list[threading.Thread], timeout: float
     return False
 
 
+def populate_job(fleet, jail: Path, impl: str, name: str = "populate") -> None:
+    """The populate-jail cleanup (REF-9) run once from a node of its own. It is a cluster job, not
+    part of the worker contract: the bundled implementations bring their own (legacy's is the buggy
+    "empty file" one, a mutant's may have a broken predicate); anything else is paired with the
+    reference's."""
+    job = impl if impl in ("reference", "legacy", "direct") or impl.startswith("mutant:") else "reference"
+    node = fleet.start(name, role="cpu-worker", version=None)
+    r = node.run(command_for(job, str(jail), name, "cpu-worker") + ["populate-cleanup"])
+    node.kill()
+    if r.code != 0:
+        raise RuntimeError(f"populate-jail cleanup failed: {r.error_line}")
+
+
 def host_residue(*needles: str) -> tuple[list[str], list[str]]:
     """Mounts in the host's namespace, and live processes that still mention the run's paths in
     their command line or hold mounts of them in their mount namespace (a node forked by the node
@@ -231,6 +249,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             log("probe", node=name, results=unanswered(files, f"the probe failed: {e}"))
 
     policy = RestartPolicy(max_restarts=scenario.max_restarts, backoff=0.02)
+    if scenario.start_timeout is not None:   # the scenario's own deadline, never longer than the run's
+        timeout = min(timeout, scenario.start_timeout) if timeout else scenario.start_timeout
     workers: dict[str, Worker] = {}
     nodes: dict[str, kernel.Node] = {}
     with fleet_class.recording(jail, run_dir, seed) as fleet:
@@ -246,15 +266,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             log("chaos.kill", worker="prewarm", barrier="")   # ends its ready span; no barrier: no fault
             warm.node.kill()
         if scenario.populate_cleanup:
-            # The populate-jail job is a cluster job, not part of the worker contract: the bundled
-            # implementations bring their own (legacy's is the buggy "empty file" one, a mutant's
-            # may have a broken predicate); anything else is paired with the reference's.
-            job = impl if impl in ("reference", "legacy", "direct") or impl.startswith("mutant:") else "reference"
-            node = fleet.start("populate", role="cpu-worker", version=None)
-            r = node.run(command_for(job, str(jail), "populate", "cpu-worker") + ["populate-cleanup"])
-            if r.code != 0:
-                raise RuntimeError(f"populate-jail cleanup failed: {r.error_line}")
-            node.kill()
+            populate_job(fleet, jail, impl)
         old = None
         if scenario.upgraded_jail:
             # A jail brought up before the fix: a legacy worker's 0-byte placeholders, with its
@@ -347,7 +359,19 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
         for t in threads.values():
             t.start()
-        keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log))
+        jobs: list[threading.Thread] = []   # harness jobs during the run: the probes go on while they run
+        if scenario.populate_at:
+            def live_populate() -> None:
+                try:   # the populate-jail job re-run on a jail in use, once the barrier opens
+                    Barrier(scenario.populate_at, str(run_dir / "barriers")).wait_released()
+                    populate_job(fleet, jail, impl, "populate-live")
+                except Exception as e:   # raised below, in the caller's thread
+                    errors["populate-live"] = e
+
+            jobs.append(threading.Thread(target=live_populate, name="populate-live"))
+            jobs[-1].start()
+        planted: list[str] = []   # jail paths the harness swapped in during the run (not the workers' doing)
+        keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log, jail, planted))
         keeper.start()
         def files_for(version: str) -> list[dict]:
             return (gpu_files(jail, version, scenario.capabilities, scenario.layout)
@@ -371,12 +395,14 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                     probe(w, worker, probes[w])
 
         try:
-            while any(t.is_alive() for t in threads.values()):
+            while any(t.is_alive() for t in [*threads.values(), *jobs]):
                 probe_ready()
                 time.sleep(scenario.probe_interval)
         finally:
             done.set()
         keeper.join()
+        for t in jobs:
+            t.join()
         for t in nemeses:
             t.join()
         if errors:
@@ -392,7 +418,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
     outside_changes = sorted(str(p) for p in outside.rglob("*"))
     final_state = {"jail": str(jail), "transient_only": scenario.transient_only, "max_restarts": scenario.max_restarts,
                    "jail_before": before, "jail_after": after, "outside_changes": outside_changes, "host_mounts": mounts,
-                   "processes": procs, "temp_dirs": []}
+                   "processes": procs, "temp_dirs": [], "planted": planted}
     (run_dir / "final_state.json").write_text(json.dumps(final_state, default=list))
     events = history.load(hist)
     verdict = checker.check(events, final_state)
@@ -405,13 +431,77 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
     return result
 
 
-def _keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict, log) -> None:
+def lose_lock(jail: Path, fault: LockFault, holder: str, log) -> None:
+    """The lock file taken from under its holder, who keeps running: removed (a cleanup job, a lost
+    NFS lease whose file another node re-creates) or replaced by a new file (an image sync). The
+    holder's flock stays on the old inode; whoever opens the path next locks another one."""
+    path = jail / (fault.lock or LOCK)
+    existed = path.exists()
+    if fault.fault == "replace":
+        fresh = path.with_name(path.name + ".chaos-new")
+        fresh.write_bytes(b"")
+        os.chmod(fresh, 0o644)
+        os.rename(fresh, path)
+    elif existed:
+        path.unlink()
+    log("chaos.lock_fault", fault=fault.fault, lock=fault.lock or LOCK, barrier=fault.barrier, holder=holder,
+        existed=existed)
+
+
+def swap_link(jail: Path, outside: Path, link: SwappedLink, who: str, log) -> str:
+    """A symlink swapped in at `link.path` while starts are under way (after they checked the jail):
+    what was there is moved out of the jail first (to `outside`/../swapped-aside), so the jail holds
+    the link alone. Returns the jail-relative path planted (the nemesis's, not the workers')."""
+    path = jail / link.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    moved = ""
+    if path.exists() or path.is_symlink():
+        aside = outside.parent / "swapped-aside" / link.path.replace("/", "_")
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(path, aside)
+        moved = str(aside)
+    os.symlink(link.target.replace("@OUTSIDE", str(outside)), path)
+    log("chaos.link", path=link.path, target=link.target, barrier=link.barrier, arrived=who, moved=moved)
+    return link.path
+
+
+class _FailedStarts:
+    """Which workers have had a start fail so far (worker.exit events), read from the run's history
+    as it grows: a barrier that opens once every other worker gave up at least once."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.failed = path, 0, set()
+
+    def __call__(self) -> set[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.failed
+        end = data.rfind(b"\n") + 1   # whole lines only: a writer may be half-way through one
+        self.offset += end
+        for line in data[:end].splitlines():
+            if b'"worker.exit"' in line:
+                e = json.loads(line)
+                if e.get("kind") == "worker.exit" and e.get("code") not in (0, "0"):
+                    self.failed.add(e.get("node"))
+        return self.failed
+
+
+def _keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict, log, jail: Path | None = None,
+                   planted: list[str] | None = None) -> None:
     """Release each barrier once every GPU worker arrived or finished (but those the harness starts
-    only at its release); kill who must die there, either when it arrives or at the release (when
-    everyone else is ready)."""
+    only at its release; with `open = "others-failed"`, or had a start fail); kill who must die
+    there, either when it arrives or at the release (when everyone else is ready); take the lock
+    from under whoever arrives at a barrier with a lock fault, swap in the symlinks due there
+    (recorded in `planted`)."""
     all_gpu = [w for w, role, _ in scenario.workers if role == "gpu-worker"]
     pending = {name: Barrier(name, str(run_dir / "barriers")) for name in scenario.barriers}
     kills = {(k.worker, k.barrier): k.when for k in scenario.kills}
+    lock_faults = {f.barrier: f for f in scenario.lock_faults}
+    swaps = list(scenario.swapped_links)
+    failed_starts = _FailedStarts(run_dir / "history.jsonl")
 
     def kill_due(name: str, arrived: set[str], when: str) -> bool:
         """Kill the arrived workers the scenario wants dead at this moment ("*": whoever arrives
@@ -438,8 +528,17 @@ def _keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict
         for name in list(pending):
             arrived = arrivals(name)
             killed_here = kill_due(name, arrived, "arrival")
+            if arrived and name in lock_faults and jail is not None:
+                lose_lock(jail, lock_faults.pop(name), sorted(arrived)[0], log)
+            for link in [sl for sl in swaps if sl.barrier == name] if arrived and jail is not None else []:
+                swaps.remove(link)
+                path = swap_link(jail, run_dir / "outside", link, sorted(arrived)[0], log)
+                if planted is not None:
+                    planted.append(path)
             gpu = [w for w in all_gpu if scenario.start_after.get(w) != name]
             finished = {w for w in gpu if not threads[w].is_alive()}
+            if scenario.barrier_opens.get(name) == "others-failed":
+                finished |= failed_starts() & set(gpu)
             # A barrier that existed to kill someone at arrival opens right after the kill (the
             # others must not queue behind it); otherwise once every GPU worker arrived or finished.
             if killed_here or len(arrived | finished) >= len(gpu):

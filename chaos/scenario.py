@@ -15,6 +15,9 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     layout = "debian"          # the GPU hosts' distribution: where their libraries are (fixtures/drivers.py LAYOUTS)
     jail_symlink = false       # true: every worker is given the jail through a symlink (GPUJAIL_JAIL=/scratch -> /lustre/...)
     hostile_links = { "usr/lib/firmware/nvidia" = "@OUTSIDE" }   # symlinks out of the jail, planted first
+    swapped_links = [{ barrier = "swap", path = "usr/lib/firmware/nvidia", target = "@OUTSIDE" }]   # ... or
+                               # swapped in during the run, when someone arrives at the barrier (what was
+                               # there moved aside, out of the jail)
     windows = ["overlap"]      # the fault windows a run must open, else it is INCONCLUSIVE (chaos/checkers/windows.py)
     probe_sonames = false      # true: probes also check each ready worker's sonames load its own driver (REF-12)
     probe_lookups = false      # true: ... and look them up through the jail's linker cache (ldconfig -p, chrooted dlopen)
@@ -24,10 +27,13 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     jail_fs = "gluster"        # pins the jail's file system (gpujail/backends/jailfs.py); "" = --jail-fs
     net_faults = [{ fault = "kill-brick", after_ready = 0, delay = 0.3, hold = 2.0 }]   # network faults (jailfs.NetFault)
     populate_cleanup = false   # true: run the implementation's populate-jail cleanup first
+    populate_at = "fleet-up"   # ... or again during the run, once that barrier opens (a jail in use)
     max_restarts = 3
     transient_only = true      # INV-2 applies: every worker must end ready
     [[barriers]]               # released when every worker has arrived or finished
     name = "race"
+    open = "others-failed"     # (optional) ... or, for those that did not arrive, failed a start once: a
+                               # stopped lock holder resumed once every waiter has given up at least once
     [[faults]]                 # GPUJAIL_FAILPOINTS terms for one worker's first start (or "*": all)
     worker = "*"
     failpoint = "cli.before_mkdir"
@@ -43,6 +49,10 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     barrier = "hold"
     start_after = { w1 = "creator" }   # the harness starts w1 only once barrier "creator" is released
     impls = { w1 = "legacy" }  # a worker running another implementation than the run's (a fleet half migrated)
+    lock_faults = [{ barrier = "resume", fault = "remove" }]   # the placeholder lock file removed ("replace":
+                               # a new file renamed over it) when someone arrives at the barrier: a lock lost
+                               # while its holder lives (a lost NFS lease, a cleanup job, an image sync)
+    start_timeout = 10.0       # each start's deadline in this scenario (at most the run's --start-timeout)
 
 `mode = "random"` replaces the fixed schedule by seeded random faults: each GPU worker's first
 start gets `P%sleep(ms)` terms on the CLI's steps and, with probability `fail_rate`, a
@@ -69,7 +79,7 @@ KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "ver
         "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "layout", "jail_symlink",
         "hostile_links",
         "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults",
-        "start_after", "impls"}
+        "start_after", "impls", "lock_faults", "start_timeout", "populate_at", "swapped_links"}
 
 
 class ScenarioError(ValueError):
@@ -82,6 +92,24 @@ class Fault:
     failpoint: str
     term: str
     start: int = 1     # which start of the worker it hits (1: the first; 2: its first restart)
+
+
+@dataclass(frozen=True)
+class LockFault:
+    barrier: str
+    fault: str = "remove"   # "remove": the lock file unlinked; "replace": a new file renamed over it
+    lock: str = ""          # jail-relative lock path ("": the placeholder lock, SPEC REF-5)
+
+
+LOCK_FAULTS = ("remove", "replace")
+
+
+@dataclass(frozen=True)
+class SwappedLink:
+    barrier: str
+    path: str      # jail-relative
+    target: str    # the link's target ("@OUTSIDE": a directory outside the jail)
+BARRIER_OPENS = ("others-failed",)
 
 
 @dataclass(frozen=True)
@@ -132,6 +160,11 @@ class Scenario:
     net_faults: list = field(default_factory=list)   # faults only a network jail has (jailfs.NetFault)
     start_after: dict[str, str] = field(default_factory=dict)   # worker -> the barrier whose release starts it
     impls: dict[str, str] = field(default_factory=dict)   # worker -> its implementation, if not the run's
+    lock_faults: list[LockFault] = field(default_factory=list)   # the lock lost under its holder, at a barrier
+    start_timeout: float | None = None   # each start's deadline here (None: the run's)
+    populate_at: str = ""        # the populate-jail cleanup run on the live jail when this barrier opens
+    swapped_links: list[SwappedLink] = field(default_factory=list)   # symlinks swapped in at a barrier
+    barrier_opens: dict[str, str] = field(default_factory=dict)   # barrier -> when it opens besides arrivals
 
     @property
     def workers(self) -> list[tuple[str, str, str | None]]:
@@ -214,8 +247,16 @@ def load(source: str | Path) -> Scenario:
     try:
         faults = [Fault(**f) for f in data.pop("faults", [])]
         kills = [Kill(**k) for k in data.pop("kills", [])]
-        barriers = [b["name"] for b in data.pop("barriers", [])]
-        scenario = Scenario(faults=faults, kills=kills, barriers=barriers, **data)
+        raw_barriers = data.pop("barriers", [])
+        barriers = [b["name"] for b in raw_barriers]
+        opens = {b["name"]: b["open"] for b in raw_barriers if "open" in b}
+        unknown_barrier_keys = sorted({k for b in raw_barriers for k in b} - {"name", "open"})
+        if unknown_barrier_keys:
+            raise ScenarioError(f"{path}: barriers: unknown key(s) {', '.join(unknown_barrier_keys)}")
+        lock_faults = [LockFault(**f) for f in data.pop("lock_faults", [])]
+        swapped = [SwappedLink(**f) for f in data.pop("swapped_links", [])]
+        scenario = Scenario(faults=faults, kills=kills, barriers=barriers, lock_faults=lock_faults,
+                            barrier_opens=opens, swapped_links=swapped, **data)
     except (TypeError, KeyError) as e:
         raise ScenarioError(f"{path}: {e}") from None
     for w, spec in scenario.syscall_schedule().items():
@@ -251,6 +292,23 @@ def load(source: str | Path) -> Scenario:
         raise ScenarioError(f"{path}: ldconfig.view must be \"blind\" or \"gpu\"")
     if scenario.mode not in ("deterministic", "random"):
         raise ScenarioError(f"{path}: mode {scenario.mode!r}, expected deterministic or random")
+    bad_opens = [f"{b} = {o!r}" for b, o in scenario.barrier_opens.items() if o not in BARRIER_OPENS]
+    if bad_opens:
+        raise ScenarioError(f"{path}: barriers: open {', '.join(bad_opens)}, expected one of {', '.join(BARRIER_OPENS)}")
+    for lf in scenario.lock_faults:
+        if lf.fault not in LOCK_FAULTS:
+            raise ScenarioError(f"{path}: lock_faults: fault {lf.fault!r}, expected one of {', '.join(LOCK_FAULTS)}")
+        if lf.barrier not in scenario.barriers:
+            raise ScenarioError(f"{path}: lock_faults: no barrier {lf.barrier!r} (barriers are {', '.join(scenario.barriers)})")
+    for sl in scenario.swapped_links:
+        if sl.barrier not in scenario.barriers:
+            raise ScenarioError(f"{path}: swapped_links: no barrier {sl.barrier!r} (barriers are {', '.join(scenario.barriers)})")
+        if sl.path.startswith("/") or ".." in sl.path.split("/"):
+            raise ScenarioError(f"{path}: swapped_links: path {sl.path!r} must be jail-relative")
+    if scenario.populate_at and scenario.populate_at not in scenario.barriers:
+        raise ScenarioError(f"{path}: populate_at: no barrier {scenario.populate_at!r}")
+    if scenario.start_timeout is not None and not 0 < scenario.start_timeout < float("inf"):
+        raise ScenarioError(f"{path}: start_timeout must be a positive number of seconds")
     ids = {w for w, _, _ in scenario.workers}
     for who in [f.worker for f in faults if f.worker != "*"] + [k.worker for k in kills if k.worker != "*"]:
         if who not in ids:

@@ -64,6 +64,47 @@ def _zero_byte_counts_present(core):
     core.is_old_placeholder = lambda st: False
 
 
+class _RenamingMarkers:
+    """A Sys whose new markers are written to a temporary file beside the target and renamed into
+    place, the atomic-write idiom, instead of created exclusively: rename(2) never fails with
+    EEXIST, it replaces whatever is at the target (and detaches other nodes' mounts on it, K-1)."""
+
+    def __init__(self, sysops):
+        self._sys = sysops
+
+    def __getattr__(self, name):
+        return getattr(self._sys, name)
+
+    def write_new_beneath(self, root, rel, data, mode):
+        d, name = os.path.split(rel)
+        tmp = f".{name}.tmp.{os.getpid()}"
+        if not hasattr(self._sys, "_parent_beneath"):   # a Sys without rename (the model's): unlink + create
+            with contextlib.suppress(FileNotFoundError):
+                self._sys.unlink_beneath(root, rel)
+            return self._sys.write_new_beneath(root, rel, data, mode)
+        self._sys.write_new_beneath(root, os.path.join(d, tmp), data, mode)
+        pfd, _ = self._sys._parent_beneath(root, rel)
+        try:
+            try:
+                os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                replaced = True
+            except FileNotFoundError:
+                replaced = False
+            os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+            if replaced:   # the old inode is gone from the jail, as by an unlink
+                history.record("impl.mutant.unlink", path=rel)
+        finally:
+            os.close(pfd)
+
+
+def _atomic_rename_markers(core):
+    """REF-5 by the atomic-write idiom: each marker written to a temporary file and renamed into
+    place 'so that a kill never leaves a torn one'. Under a lock that serialises, the re-check makes
+    it harmless; when the lock did not (a lost lease, a removed lock file, node-local locks), the
+    rename replaces a marker another node created meanwhile, and every mount on it."""
+    _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=_RenamingMarkers(ctx.sys)))
+
+
 def _host_mode_not_copied(core):
     # Only create_markers uses stat.S_IMODE: every marker gets 0644 whatever the host file's mode.
     fixed = {**{k: getattr(core.stat, k) for k in dir(core.stat) if k.startswith("S_")}, "S_IMODE": lambda mode: 0o644}
@@ -345,6 +386,13 @@ def _escapes_jail(core):
     _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=_OnTheHost(ctx.sys)))
 
 
+def _jail_checked_once(core):
+    """REF-11 by a check at the start: every target's realpath is checked to stay inside the jail
+    (stays_inside, kept), then paths are joined and resolved on the host as a shell script's `cd`
+    and `>` would: a symlink swapped into the jail after the check leads the writes out of it."""
+    _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=_OnTheHost(ctx.sys)))
+
+
 def _legacy(core):
     return legacy   # legacy's steps instead of reference's
 
@@ -354,6 +402,9 @@ MUTANTS = {
     "big-markers": ("a chatty marker of 64 bytes or more: no longer a placeholder by REF-9's size bound", _big_markers),
     "zero-byte-counts-present": ("an old 0-byte placeholder (upgraded jail) counts as present: never made a marker",
                                  _zero_byte_counts_present),
+    "atomic-rename-markers": ("markers written to a temporary file and renamed into place: where the lock did not "
+                              "serialise, the rename replaces another node's marker and the mounts on it",
+                              _atomic_rename_markers),
     "host-mode-not-copied": ("markers created 0644 instead of the host file's mode: the CLI then re-creates them",
                              _host_mode_not_copied),
     "recreate-markers": ("existing placeholders re-created (unlink + write) on every start", _recreate_markers),
@@ -393,6 +444,8 @@ MUTANTS = {
                       _jail_as_given),
     "relink-sonames": ("soname links replaced by markers even where they lead to our own library: a worker still on "
                        "the procedure before REF-12 loses its sonames", _relink_sonames),
+    "jail-checked-once": ("the jail's symlinks checked once at the start, then paths joined and followed on the host: "
+                          "a link swapped in after the check leads writes out of the jail", _jail_checked_once),
     "escapes-jail": ("jail paths joined and resolved on the host: a jail symlink leads writes out", _escapes_jail),
     "legacy": ("the procedure before the fix: no markers, no lock, existence check, 'empty file' predicate", _legacy),
 }

@@ -19,6 +19,10 @@ KILLS = [
     ("lock-holder-killed", "mutant:mkdir-lock", "INV-2"),       # a lock that outlives its holder
     ("failing-neighbour", "mutant:zero-byte-placeholders", "INV-1"),
     ("read-only-jail", "mutant:recreate-markers", "INV-2"),     # writes on every start
+    ("marker-torn", "mutant:zero-byte-counts-present", "INV-1"),   # the torn marker left 0 bytes, then unlinked
+    ("lock-lost", "mutant:atomic-rename-markers", "INV-1"),        # the resumed holder renames over a live marker
+    ("lock-holder-stopped", "mutant:unbounded-lock-wait", "INV-2"),  # waiters hang behind the stopped holder
+    ("links-swapped", "mutant:jail-checked-once", "INV-3"),        # checked at the start, followed after the swap
 ]
 
 

@@ -8,7 +8,9 @@ link)) may differ only by placeholders (regular files under 64 bytes named `lib*
 `etc/ld.so.cache` and ldconfig's soname symlinks in library directories. Removing or rewriting a
 pre-existing placeholder or the flag is also a "difference by placeholders" (populate-jail cleanup
 does it on purpose; the damage it does when a CLI does it is INV-1's business).
-`final_state["outside_changes"]` must be empty, and so must every `impl.outside` event
+Paths the harness itself swapped in during the run (`final_state["planted"]`: a nemesis's symlink)
+are not the workers' doing and are left out. `final_state["outside_changes"]` must be empty, and so
+must every `impl.outside` event
 (what a start wrote outside the jail, seen through its node's copy-on-write view of the host).
 Each unexpected change names the last `cli.*` or
 `impl.*` event that touched its path, with the earlier ones as its chain.
@@ -97,6 +99,11 @@ def check_hygiene(run: Run) -> InvariantResult:
         return InvariantResult("INV-3", UNKNOWN, "final_state has no jail_before/jail_after snapshot")
     before = {k: _entry(v) for k, v in before.items()}
     after = {k: _entry(v) for k, v in after.items()}
+    planted = run.final.get("planted") or []
+    for p in planted:   # the harness's own (a symlink swapped in, what it moved aside): neither side counts
+        for side in (before, after):
+            for rel in [r for r in side if r == p or r.startswith(p + "/")]:
+                del side[rel]
     problems: list[tuple[str, str]] = []
     for rel, old in sorted(before.items()):
         new = after.get(rel)

@@ -48,7 +48,7 @@ class Run:
         for e in self.events:
             self._by_node.setdefault(node_of(e), []).append(e)
             self._by_kind.setdefault(e.get("kind"), []).append(e)
-        self.removals = self.of("cli.cleanup.unlink", "impl.populate_cleanup")
+        self.removals = self.of("cli.cleanup.unlink", "impl.populate_cleanup", "impl.mutant.unlink")
         self._memo: dict = {}
 
     def memo(self, key: str, compute):
@@ -201,7 +201,8 @@ def removal_before(run: Run, path: str, victim: str, t: float) -> dict | None:
     for e in reversed(run.removals):
         if e.get("t", 0.0) > t or node_of(e) == victim:
             continue
-        if e.get("kind") == "cli.cleanup.unlink" and same_file(e.get("path", ""), path, run.jails):
+        if e.get("kind") in ("cli.cleanup.unlink", "impl.mutant.unlink") and same_file(e.get("path", ""), path,
+                                                                                        run.jails):
             return e
         if e.get("kind") == "impl.populate_cleanup" and any(
                 same_file(p, path, run.jails) for p in e.get("removed") or []):
@@ -275,5 +276,7 @@ def cause_text(run: Run, removal: dict) -> str:
     who = node_of(removal)
     if removal.get("kind") == "impl.populate_cleanup":
         return f"worker {who}'s populate-jail cleanup removed it at {run.at(removal)}"
+    if removal.get("kind") == "impl.mutant.unlink":
+        return f"worker {who}'s implementation removed or replaced it at {run.at(removal)}"
     return f"worker {who}'s CLI cleanup unlinked it at {run.at(removal)}"
 

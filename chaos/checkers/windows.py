@@ -20,7 +20,16 @@ The windows (WINDOWS: name -> (description, predicate)):
 * `other-version-ready`: a worker on one driver version became ready while a worker on another was
   ready (REF-12: the moment a shared soname link would flip);
 * `ldconfig-while-ready`: an ldconfig ran on the jail (the scenario's ldconfig nemesis) while a worker
-  other than the nemesis's own node was ready, and that worker was probed after it (PR #2621, PR #2682).
+  other than the nemesis's own node was ready, and that worker was probed after it (PR #2621, PR #2682);
+* `stopped-holder`: a worker was stopped (failpoint action `stop`: SIGSTOP) holding the placeholder
+  lock, and another worker's start failed before it was continued (its bounded lock wait gave up);
+* `lock-lost`: the runner took the lock file from under its holder (`chaos.lock_fault`), and another
+  worker took the lock or became ready before that holder went on: two holders at once;
+* `link-swapped`: the runner swapped a symlink into the jail (`chaos.link`) while a start that had
+  begun before it was still under way (it checked the jail before the link was there);
+* `populate-while-ready`: the populate-jail cleanup (REF-9) removed placeholders while a worker was ready;
+* `torn-marker`: a start was killed inside the write of a marker it had just created exclusively
+  (failpoint `kill(write)` at `ref.before_marker`): a 0-byte marker left for the next start (REF-3/REF-5).
 
 A window opens only on a worker that is alive and ready at that moment: the ready spans end at a
 kill (content.ready_spans), so a node the harness retired (the prewarm node) opens nothing after.
@@ -28,6 +37,8 @@ kill (content.ready_spans), so a node the harness retired (the prewarm node) ope
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from gpujail.spec import LOCK as PLACEHOLDER_LOCK
 
 from .content import ready_spans
 from .queries import Run, driver_versions, node_of
@@ -112,6 +123,84 @@ def ldconfig_while_ready(run: Run) -> tuple[bool, str]:
     return False, "no ldconfig ran while a probed worker was ready"
 
 
+def _release_after(run: Run, barrier: str | None, t: float) -> float:
+    """When barrier `barrier` opened after time `t` (inf: never)."""
+    return min((e["t"] for e in run.of("chaos.release") if e.get("barrier") == barrier and e["t"] >= t),
+               default=float("inf"))
+
+
+def _holds_lock(run: Run, node: str, t: float, lock: str = PLACEHOLDER_LOCK) -> bool:
+    """`node` held `lock` at time `t` by its own record (acquired, not yet released, in the same
+    implementation run); an uninstrumented implementation (no impl.begin: a vendor's script) is
+    taken at its failpoint's word: the scenario arms the fault where it holds the lock."""
+    events = [e for e in run.node_events(node) if e["t"] <= t]
+    if not any(e.get("kind") == "impl.begin" for e in events):
+        return True
+    held = False
+    for e in events:
+        if e.get("kind") in ("impl.start", "impl.exit", "worker.start", "worker.restart"):
+            held = False
+        elif e.get("kind") == "impl.lock.acquired" and e.get("lock", lock) == lock:
+            held = True
+        elif e.get("kind") == "impl.lock.released" and e.get("lock", lock) == lock:
+            held = False
+    return held
+
+
+def stopped_holder(run: Run) -> tuple[bool, str]:
+    for e in run.of("failpoint"):
+        if e.get("action") != "stop" or not _holds_lock(run, node_of(e), e["t"]):
+            continue
+        resumed = _release_after(run, e.get("arg"), e["t"])
+        for x in run.of("worker.exit"):
+            if node_of(x) != node_of(e) and e["t"] < x["t"] < resumed and x.get("code") not in (0, "0"):
+                return True, (f"{node_of(e)} stopped holding the lock at {run.at(e)}; {node_of(x)}'s start failed "
+                              f"at {run.at(x)} ({x.get('code')}) before it was continued")
+    return False, "no start failed while a stopped worker held the lock"
+
+
+def lock_lost(run: Run) -> tuple[bool, str]:
+    for f in run.of("chaos.lock_fault"):
+        holder, lock = f.get("holder"), f.get("lock", PLACEHOLDER_LOCK)
+        if not _holds_lock(run, holder, f["t"], lock):
+            continue
+        goes_on = _release_after(run, f.get("barrier"), f["t"])
+        for x in run.of("impl.lock.acquired", "worker.ready"):
+            if node_of(x) != holder and f["t"] < x["t"] < goes_on and x.get("lock", lock) == lock:
+                what = "took the lock" if x["kind"] == "impl.lock.acquired" else "became ready"
+                return True, (f"{holder}'s lock file {f.get('fault')}d at {run.at(f)} while it held the lock; "
+                              f"{node_of(x)} {what} at {run.at(x)}, before {holder} went on")
+    return False, "no lock fault let another worker past a live holder"
+
+
+def link_swapped(run: Run) -> tuple[bool, str]:
+    for e in run.of("chaos.link"):
+        for node, t0, t1 in _starts(run):
+            if t0 < e["t"] < t1:
+                return True, f"{e.get('path')} swapped to a symlink at {run.at(e)} during {node}'s start"
+    return False, "no symlink was swapped in while a start was under way"
+
+
+def populate_while_ready(run: Run) -> tuple[bool, str]:
+    for e in run.of("impl.populate_cleanup"):
+        ready = _ready_at(run, e["t"], node_of(e))
+        if ready and e.get("removed"):
+            return True, (f"{node_of(e)}'s populate-jail cleanup removed {len(e['removed'])} placeholders at "
+                          f"{run.at(e)} while {ready[0]} was ready")
+    return False, "no populate-jail cleanup removed anything while a worker was ready"
+
+
+def torn_marker(run: Run) -> tuple[bool, str]:
+    for e in run.of("failpoint"):
+        if (e.get("name"), e.get("action"), e.get("arg")) != ("ref.before_marker", "kill", "write"):
+            continue
+        for x in run.node_events(node_of(e)):
+            if x["t"] > e["t"] and x.get("kind") == "worker.exit" and x.get("code") not in (0, "0"):
+                return True, (f"{node_of(e)} killed inside the write of marker {e.get('path')} at {run.at(e)}: "
+                              f"a 0-byte marker left behind")
+    return False, "no start was killed inside a marker's write"
+
+
 WINDOWS: dict[str, tuple[str, Callable[[Run], tuple[bool, str]]]] = {
     "overlap": ("two starts ran at the same time", overlap),
     "failure-while-ready": ("a start failed while another worker was ready", failure_while_ready),
@@ -121,6 +210,12 @@ WINDOWS: dict[str, tuple[str, Callable[[Run], tuple[bool, str]]]] = {
     "other-version-ready": ("a worker became ready while one on another driver version was ready",
                             other_version_ready),
     "ldconfig-while-ready": ("an ldconfig ran on the jail while a probed worker was ready", ldconfig_while_ready),
+    "stopped-holder": ("a start failed while a stopped worker held the lock", stopped_holder),
+    "lock-lost": ("another worker got past the lock while its holder lived", lock_lost),
+    "torn-marker": ("a start was killed inside a marker's write", torn_marker),
+    "link-swapped": ("a symlink was swapped into the jail during a start", link_swapped),
+    "populate-while-ready": ("the populate-jail cleanup removed placeholders while a worker was ready",
+                             populate_while_ready),
 }
 
 

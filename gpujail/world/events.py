@@ -109,6 +109,13 @@ _kind("jailfs.clear", "gpujail/backends/jailfs.py", "fault:str worker:str",
       "that fault clears: the brick restarted, the latency removed (a lost client stays lost for its node)")
 _kind("chaos.kill", "chaos/runner.py", "worker:str barrier:str",
       "the runner SIGKILLs a worker's node at a barrier (no cleanup runs)")
+_kind("chaos.lock_fault", "chaos/runner.py", "fault:str lock:str barrier:str holder:str existed:bool",
+      "the runner took a jail lock file from under its holder, who keeps running (`holder`: who arrived at "
+      "`barrier`): removed, or replaced by a new file (`fault`); its flock stays on the old inode, so the next "
+      "node to open the path locks another (a lost NFS lease, a cleanup job, an image sync)")
+_kind("chaos.link", "chaos/runner.py", "path:str target:str barrier:str arrived:str moved:str",
+      "the runner swapped a symlink in at jail path `path` (to `target`, \"@OUTSIDE\": a directory outside the "
+      "jail) during the run, when `arrived` reached `barrier`; `moved`: where what was there went (\"\": nothing)")
 _kind("chaos.release", "chaos/runner.py", "barrier:str arrived:list stalled:bool?",
       "a barrier opens; `arrived` are the workers that were waiting at it (`stalled`: opened because "
       "every started worker was paused, the first of the scenario's barriers)")

@@ -10,7 +10,7 @@ failpoints for every process that inherits the environment. Grammar (gofail's, u
     entry  := NAME '=' term ('->' term)*
     term   := [N '*' | P '%'] action ['(' arg ')']
             | N '*' P '%' action ['(' arg ')']
-    action := off | return | sleep | panic | print | pause | wait | kill
+    action := off | return | sleep | panic | print | pause | wait | stop | kill
 
 Each hit walks the chain from the start and fires the first term that *allows* it, as gofail's
 runtime/terms.go (`terms.eval`, `modCount`, `modProb`, `modList`): `N*term` allows its next N hits
@@ -26,6 +26,18 @@ name to stderr, `pause(barrier)` blocks until the harness releases the barrier (
 `wait(barrier)` pauses too, then lets the same hit go on down the chain (the terms after it): a
 step that is hit once can wait for its moment and then fail (`1*wait(late)->return(EIO)`), which the
 chaos fault table needs for steps such as `cli.before_exit`.
+
+Two actions model what real clusters do to a process without killing it at the failpoint:
+`stop(barrier)` is SIGSTOP (a hung NFS client, a debugger, a cgroup freezer): the process is
+really stopped (state T, its locks and descriptors held) by a watcher child it forks, which arrives
+at the barrier for it and, once the harness releases the barrier, sends SIGCONT; the process then
+goes on where it stopped. `kill(write)` is a kill *inside the process's next write to a file*, not
+at the failpoint: RLIMIT_FSIZE 0 with SIGXFSZ's default action, so the kernel kills it in write(2)
+(no core file). Armed at `ref.before_marker` this is a start killed between a marker's exclusive
+create and its write, leaving a 0-byte marker (REF-3/REF-5). A process these cannot act on (a
+simulated one of the model backend; a shell script's `gpujail-failpoint`, another process than the
+shell) gets the nearest thing: `stop` pauses (to the other nodes the same: it holds what it holds),
+`kill(write)` kills at the failpoint (recorded as a plain `kill`, so nobody counts it as a torn write).
 
 Every hit of an armed failpoint is recorded in the history (`failpoint` event, with the action), so
 a test can check that what it armed actually fired. A malformed spec or an unknown name raises
@@ -80,7 +92,7 @@ REGISTRY = {
     "ref.before_verify": "implementation: after configure, before verification",
     "ref.before_ready": "implementation: verified, before the done flag and exit 0",
 }
-ACTIONS = ("off", "return", "sleep", "panic", "print", "pause", "wait", "kill")
+ACTIONS = ("off", "return", "sleep", "panic", "print", "pause", "wait", "stop", "kill")
 
 
 class FailpointSpecError(ValueError):
@@ -130,11 +142,13 @@ def parse(spec: str) -> dict[str, Failpoint]:
             action, arg = m["action"], m["arg"]
             if action not in ACTIONS:
                 raise FailpointSpecError(f"{where}: unknown action {action!r}, expected one of {', '.join(ACTIONS)}")
-            if action in ("return", "sleep", "pause", "wait") and not arg:
+            if action in ("return", "sleep", "pause", "wait", "stop") and not arg:
                 raise FailpointSpecError(f"{where}: {action} needs an argument")
+            if action == "kill" and arg not in (None, "write"):
+                raise FailpointSpecError(f"{where}: kill takes no argument or `write` (at the next write), got {arg!r}")
             if action == "sleep" and not arg.isdigit():
                 raise FailpointSpecError(f"{where}: sleep takes milliseconds, got {arg!r}")
-            if action in ("pause", "wait") and not os.environ.get(BARRIERS_ENV):
+            if action in ("pause", "wait", "stop") and not os.environ.get(BARRIERS_ENV):
                 raise FailpointSpecError(f"{where}: {action} needs {BARRIERS_ENV} to name a barrier directory")
             if action == "return" and not (arg.startswith('"') or isinstance(getattr(errno, arg, None), int)):
                 raise FailpointSpecError(f"{where}: return takes an errno name or a quoted message, got {arg!r}")
@@ -166,8 +180,60 @@ class Process:
             os.kill(os.getpid(), signal.SIGKILL)
         os.abort()
 
+    # What `stop` and `kill(write)` can do to this process (see the module's doc): the base class
+    # cannot act on a real process it may not be (the model's simulated ones, a shell's helper).
+    kills_at_write = False
 
-_os_process = Process()
+    def stop(self, barrier: str) -> None:
+        """`stop(barrier)` where no signal can stop the process: it pauses (to the others the same)."""
+        Barrier(barrier).arrive_and_wait()
+
+    def die_at_write(self) -> None:
+        """`kill(write)` where the kill cannot be put inside the next write: killed here."""
+        self.die("kill")
+
+
+class OSProcess(Process):
+    """This OS process: `stop` is a real SIGSTOP, `kill(write)` a kill inside the next write(2)."""
+    kills_at_write = True
+
+    def stop(self, barrier: str) -> None:
+        """Stopped by a watcher child, which arrives at the barrier once the stop is sent, waits
+        for its release and sends SIGCONT. This process meanwhile blocks reading a pipe the watcher
+        writes only after the SIGCONT, so it cannot run on between the fork and the stop, and a
+        release that comes early is never lost."""
+        b = Barrier(barrier)
+        me = os.getpid()
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:   # the watcher: no history, no atexit, no cleanup of the parent's
+            code = 1
+            try:
+                os.close(r)
+                os.kill(me, signal.SIGSTOP)
+                b.arrive_and_wait(pid=me)
+                code = 0
+            finally:
+                try:
+                    os.kill(me, signal.SIGCONT)
+                    os.write(w, b"c")
+                finally:
+                    os._exit(code)
+        os.close(w)
+        try:
+            os.read(r, 1)   # the watcher's byte after the SIGCONT (or EOF: it died; go on)
+        finally:
+            os.close(r)
+            os.waitpid(child, 0)
+
+    def die_at_write(self) -> None:
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)   # Python starts with it ignored (EFBIG instead)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))   # no core file (in the jail, the cwd)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+_os_process = OSProcess()
 _local = _thread._local()
 
 
@@ -199,7 +265,10 @@ def hit(name: str, **context) -> None:
         Barrier(term.arg).arrive_and_wait()
         term = _current_term(fp, fp.terms.index(term) + 1)
     action = term.action if term else "off"
-    history.record("failpoint", name=name, hit=fp.hits, action=action, arg=term.arg if term else None, **context)
+    arg = term.arg if term else None
+    if action == "kill" and arg == "write" and not process.kills_at_write:
+        arg = None   # killed at the failpoint instead (Process.die_at_write): no torn write to count
+    history.record("failpoint", name=name, hit=fp.hits, action=action, arg=arg, **context)
     if action == "off":
         return
     if action == "print":
@@ -208,6 +277,10 @@ def hit(name: str, **context) -> None:
         process.sleep(int(term.arg) / 1000)
     elif action == "pause":
         Barrier(term.arg).arrive_and_wait()
+    elif action == "stop":
+        process.stop(term.arg)
+    elif action == "kill" and term.arg == "write":
+        process.die_at_write()
     elif action in ("kill", "panic"):
         process.die(action)
     elif action == "return":
@@ -259,8 +332,10 @@ class Barrier:
         prefix = f"{self.name}.arrived."
         return sum(1 for f in os.listdir(self.dir) if f.startswith(prefix))
 
-    def arrive_and_wait(self, timeout: float = 300.0) -> None:
-        me = os.path.join(self.dir, f"{self.name}.arrived.{os.environ.get('GPUJAIL_NODE', 'x')}.{os.getpid()}")
+    def arrive_and_wait(self, timeout: float = 300.0, pid: int | None = None) -> None:
+        """Arrive (as process `pid`, default this one: a stop's watcher arrives for the stopped
+        process) and wait for the release."""
+        me = os.path.join(self.dir, f"{self.name}.arrived.{os.environ.get('GPUJAIL_NODE', 'x')}.{pid or os.getpid()}")
         open(me, "w").close()
         deadline = time.monotonic() + timeout
         release = os.path.join(self.dir, f"{self.name}.release")
