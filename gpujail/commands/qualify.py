@@ -61,7 +61,7 @@ RENDEZVOUS = ".gpujail-qualify"
 RACES = 200
 POLL = 0.01
 HOLD = 0.2                 # how long the leader keeps a lock the follower is waiting for
-DETACH_PATIENCE = 5.0      # beyond every FUSE/NFS attribute cache default (1 s, 3-60 s for NFS: see docs/jail-filesystems.md)
+DETACH_PATIENCE = 5.0      # beyond every FUSE/NFS attribute cache default (1 s, 3-60 s for NFS: see docs/cluster.md)
 REQUIRED = {"flock": "flock serialises across nodes (REF-5: the lock)",
             "excl": "O_CREAT|O_EXCL is atomic across nodes (REF-5: markers are created with it)",
             "visible": "a new file is whole at the other node's next open (REF-5: the re-check under the lock)"}
