@@ -7,6 +7,7 @@ import fnmatch
 import os
 import stat
 import threading
+import time
 
 import pytest
 from gpujail.conformance.helpers import (
@@ -254,7 +255,66 @@ def test_dummy_library_over_placeholders(world, role):
     assert mounted == (wanted := placeholders_on_host(world.jail)), \
         (f"REF-9: {role} {cpu.node_id} must mount a dummy over exactly the placeholders; over non-placeholders: "
          f"{sorted(mounted - wanted)}, placeholders left uncovered: {sorted(wanted - mounted)}")
+    # As configure mounts the driver files the dummy stands in for (CLI-5): read-only, nodev, nosuid.
+    # Writable, a job on this node could rewrite the node's one dummy library under every later job.
+    weak = {os.path.relpath(m["mountpoint"], world.jail): m["options"] for m in cpu.node.mounts(str(world.jail / "usr"))
+            if not {"ro", "nodev", "nosuid"} <= set(m["options"].split(","))}
+    some = "; ".join(f"{r}: {o}" for r, o in list(weak.items())[:2]) + (f" (and {len(weak) - 2} more)" if len(weak) > 2 else "")
+    assert not weak, (f"REF-9/CLI-5: {role} {cpu.node_id} must mount the dummy read-only, nodev and nosuid, as configure "
+                      f"mounts the driver files it stands in for: {some}")
     assert (gone := lost(gpu, world.jail)) == [], lost_files(f"REF-9: beside {role} {cpu.node_id}, GPU", gpu, gone, world.jail)
+
+
+def _dummy_mount_failpoint(impl: str) -> None:
+    """Skip where the implementation has no `ref.before_dummy_mount` failpoint to time a test with."""
+    if (impl not in BUNDLED and not impl.startswith("mutant:")) or impl == "example-shell":
+        pytest.skip(f"needs the ref.before_dummy_mount failpoint, which {impl!r} does not implement")
+
+
+@pytest.mark.req("REF-9", "K-1")
+def test_placeholder_removed_while_a_cpu_worker_mounts_is_no_error(world, impl):
+    """A placeholder that goes between a CPU worker's look at the jail and its dummy mount over it (a
+    populate-jail cleanup of a reused jail running meanwhile) leaves nothing to cover there: no
+    error. The worker pauses before its first dummy mount (failpoint `ref.before_dummy_mount`), that
+    placeholder is unlinked, and the worker must become ready with a dummy over every one left."""
+    _dummy_mount_failpoint(impl)
+    assert (gpu := world.start("gpu")).ready, not_ready("REF-9 (the GPU worker beside the CPU worker)", gpu)
+    result, barrier = {}, Barrier("dummy", world.barriers)
+    env = {"GPUJAIL_FAILPOINTS": "ref.before_dummy_mount=1*pause(dummy)"}
+    t = threading.Thread(target=lambda: result.setdefault("cpu", world.start("cpu", role="cpu-worker", env=env)))
+    t.start()
+    while barrier.arrivals() == 0 and t.is_alive():
+        time.sleep(0.002)
+    if barrier.arrivals() == 0:
+        t.join()
+        pytest.fail(f"REF-9: CPU worker cpu never reached the failpoint ref.before_dummy_mount (exit "
+                    f"{result['cpu'].attempts[-1].code})")
+    [hit] = world.events("failpoint", name="ref.before_dummy_mount", node="cpu")
+    os.unlink(world.jail / hit["path"])   # the populate-jail cleanup's
+    barrier.release()
+    t.join()
+    cpu = result["cpu"]
+    assert cpu.ready, not_ready(f"REF-9 (the placeholder {hit['path']} was removed just before its dummy mount)", cpu)
+    mounted = {os.path.relpath(m["mountpoint"], world.jail) for m in cpu.node.mounts(str(world.jail / "usr"))}
+    assert mounted == (wanted := placeholders_on_host(world.jail)), \
+        (f"REF-9: after the placeholder {hit['path']} was removed, CPU worker cpu must mount a dummy over exactly the "
+         f"placeholders left; over others: {sorted(mounted - wanted)}, left uncovered: {sorted(wanted - mounted)}")
+
+
+@pytest.mark.req("REF-9")
+@pytest.mark.parametrize("error", ["EPERM", "EIO"])
+def test_failing_dummy_mount_is_fatal(world, impl, error):
+    """A dummy mount that fails (EPERM: the mount refused, as without CAP_SYS_ADMIN or under a
+    seccomp profile; EIO) leaves a placeholder uncovered, and a program linked against NVIDIA's
+    libraries then fails to load on that node (`file too short`): the CPU worker must not report
+    ready, and says why in one line. Injected at its first dummy mount (`ref.before_dummy_mount`)."""
+    _dummy_mount_failpoint(impl)
+    assert (gpu := world.start("gpu")).ready, not_ready("REF-9 (the GPU worker beside the CPU worker)", gpu)
+    cpu = world.start("cpu", role="cpu-worker", env={"GPUJAIL_FAILPOINTS": f"ref.before_dummy_mount=1*return({error})"})
+    assert world.events("failpoint", name="ref.before_dummy_mount", action="return"), \
+        "the injected failure never fired (no ref.before_dummy_mount hit)"
+    assert not cpu.ready, became_ready("REF-9", cpu, f"its first dummy mount failed ({error}): a placeholder is uncovered")
+    one_line_error(cpu, "REF-9")
 
 
 def placeholders_on_host(jail) -> set[str]:

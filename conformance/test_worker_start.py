@@ -72,14 +72,26 @@ def test_cuda_image_compat_libraries_get_no_empty_placeholder(world):
                          f"(a failing CLI's cleanup unlinks them): {empty}")
 
 
-@pytest.mark.req("REF-5")
-def test_no_empty_placeholder_after_cold_start(world):
+@pytest.mark.req("REF-5", "REF-1")
+@pytest.mark.parametrize("listing", ["as-printed", "blank-lines"])
+def test_no_empty_placeholder_after_cold_start(world, tmp_path, listing):
     """The fix itself: after a cold start the jail holds no 0-byte placeholder for any driver file,
     only complete non-empty markers below 64 bytes, with the host file's exact mode, under 0755
-    parents."""
+    parents. `blank-lines`: `list`'s output with a blank line between its sections (as a wrapper
+    that joins `list --binaries`, `list --libraries`, ... prints it). A blank line names no file;
+    the file set is still every path printed (REF-1). Taking it for the end of the output leaves the
+    files after it, the libraries, without markers, and the CLI creates 0-byte placeholders for
+    them. (Refusing such output, one line and nothing but whole markers written, is safe too.)"""
+    env = None
+    if listing == "blank-lines":
+        env = stub_cli(tmp_path, list_output=with_blank_lines(world.node("probe").cli("list").stdout))
     before = jail_image.snapshot(world.jail)
-    w = world.start("w")
-    assert w.ready, not_ready("REF-5", w)
+    w = world.start("w", env=env)
+    if listing == "blank-lines" and not w.ready:
+        one_line_error(w, "REF-1")
+        only_whole_markers(before, world.jail, "REF-1")
+        return
+    assert w.ready, not_ready("REF-5" + (" (`list` printed blank lines between its sections)" if env else ""), w)
     modes = {drivers.tree_path(f).replace("usr/lib/x86_64-linux-gnu/", "").split("/")[-1]: f.mode
              for f in drivers.catalogue() if f.on_disk}
     markers = 0
@@ -95,6 +107,19 @@ def test_no_empty_placeholder_after_cold_start(world):
             markers += 1
     assert markers >= 10, (f"REF-5: worker {w.node_id} created {markers} marker(s) for driver files, expected at least 10 "
                            f"(one per file configure mounts)")
+
+
+def with_blank_lines(listing: str) -> str:
+    """`list`'s output with a blank line before each run of paths of another kind (device nodes,
+    binaries, libraries, IPC, firmware: told by top directory and `.so`), and one at the end."""
+    out, last = [], None
+    for line in listing.splitlines():
+        kind = (line.split("/")[1] if line.count("/") > 1 else "", ".so" in os.path.basename(line))
+        if last is not None and kind != last:
+            out.append("")
+        out.append(line)
+        last = kind
+    return "\n".join(out) + "\n\n"
 
 
 @pytest.mark.req("REF-2", "REF-5")
@@ -388,8 +413,9 @@ def test_capabilities_are_passed(world):
 @pytest.mark.req("CLI-5")
 def test_driver_mounts_are_read_only(world):
     """Whoever makes them (the CLI, or an implementation that mounts directly), the mounts a ready
-    worker has under the jail carry configure's remount flags: driver files and device nodes
-    read-only and nosuid, IPC sockets nosuid and noexec (a socket must stay writable to connect).
+    worker has under the jail carry configure's remount flags: driver files read-only, nodev and
+    nosuid, device nodes read-only, nosuid and noexec (nodev would make them unusable), IPC sockets
+    nodev, nosuid and noexec (a socket must stay writable to connect).
     A job cannot write the host's driver files or device nodes through the jail."""
     # The node's own mounts (dev/, run/, and in a user namespace a /dev/null stand-in bound over
     # each device node) come first in its table; what the start added is stacked on top of them.
@@ -405,10 +431,11 @@ def test_driver_mounts_are_read_only(world):
     assert "dev/nvidia0" in new and "run/nvidia-persistenced/socket" in new and CUDA in new, \
         (f"CLI-5: worker {w.node_id} is ready but has no mount of "
          f"{[p for p in ('dev/nvidia0', 'run/nvidia-persistenced/socket', CUDA) if p not in new]} under the jail")
-    wanted = lambda rel: {"nosuid", "noexec"} if rel.startswith("run/") else {"ro", "nosuid"}  # noqa: E731
-    assert (weak := {rel: sorted(o) for rel, o in new.items() if not wanted(rel) <= o}) == {}, \
-        (f"CLI-5: worker {w.node_id}'s mounts lack configure's remount flags (driver files and devices: ro,nosuid; "
-         f"sockets: nosuid,noexec): " + "; ".join(f"{rel}: {','.join(o)}" for rel, o in weak.items()))
+    wanted = {"run": {"nodev", "nosuid", "noexec"}, "dev": {"ro", "nosuid", "noexec"}}
+    weak = {rel: sorted(o) for rel, o in new.items() if not wanted.get(rel.split("/")[0], {"ro", "nodev", "nosuid"}) <= o}
+    assert weak == {}, \
+        (f"CLI-5: worker {w.node_id}'s mounts lack configure's remount flags (driver files: ro,nodev,nosuid; devices: "
+         f"ro,nosuid,noexec; sockets: nodev,nosuid,noexec): " + "; ".join(f"{rel}: {','.join(o)}" for rel, o in weak.items()))
 
 
 @pytest.mark.req("REF-6")
@@ -461,6 +488,29 @@ def test_soname_is_repaired(world):
     assert w.ready, not_ready("REF-8 (soname link libnvidia-ml.so.1 removed)", w)
     [r] = w.node.probe([{"path": str(link), "load": True}])
     assert r["loader"] == "ok" and r["size"] > 1024, soname_broken("REF-8", w, r)
+
+
+@pytest.mark.req("REF-8", "K-1")
+def test_nvml_soname_lost_after_the_mounts_is_repaired(world, impl):
+    """REF-8 where REF-12 leaves it nothing to do, until the soname is lost: the worker pauses after
+    its mounts, its own NVML over the soname placeholder `libnvidia-ml.so.1` among them (failpoint
+    `ref.before_soname`), and another node unlinks that placeholder (a populate-jail cleanup run on a
+    jail in use): the mount on it detaches (K-1). The soname check must find it broken and repair
+    it (the jail's ldconfig under its lock, which works here, or the implementation's own way): the
+    worker becomes ready and a GPU job loads this node's NVML by its soname."""
+    if impl in ("legacy", "example-shell"):
+        pytest.skip(f"{impl!r} has no ref.before_soname failpoint to time this with (legacy: no soname check at all)")
+    barrier, t, result = paused_at(world, impl, "ref.before_soname", "REF-8", "before its soname check")
+    soname = world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    if os.path.lexists(soname):
+        os.unlink(soname)   # the other node's cleanup
+    barrier.release()
+    t.join()
+    w = result["w"]
+    assert w.ready, not_ready("REF-8 (libnvidia-ml.so.1 unlinked from under its mount before the soname check)", w)
+    [r] = w.node.probe([{"path": str(soname), "load": True}])
+    assert r["loader"] == "ok" and r["size"] > 1024 and r.get("driver") == drivers.DEFAULT_VERSION, \
+        soname_broken("REF-8 (libnvidia-ml.so.1 unlinked from under its mount before the soname check)", w, r)
 
 
 @pytest.mark.req("REF-8")

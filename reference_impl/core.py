@@ -484,6 +484,7 @@ def soname_ok(ctx: Ctx, libdir: str) -> bool:
 def ensure_soname(ctx: Ctx, mounted: list[str]) -> None:
     """When NVML was mounted, libnvidia-ml.so.1 must resolve to real content; repair with the
     jail's ldconfig under its own lock (re-checked under it, so only when stale)."""
+    failpoints.hit("ref.before_soname")
     nvml = [p for p in mounted if os.path.basename(p).startswith(NVML + ".") and not p.endswith(".so.1")]
     if not nvml:
         return
@@ -594,6 +595,7 @@ def dummy_mounts(ctx: Ctx, dummy: str, predicate=is_placeholder) -> list[str]:
     mounted = []
     for rel in placeholders(ctx, predicate):
         try:
+            failpoints.hit("ref.before_dummy_mount", path=rel)
             ctx.sys.bind_mount_beneath(dummy, ctx.jail, rel, MS_RDONLY | MS_NODEV | MS_NOSUID)
             mounted.append(rel)
         except OSError as e:

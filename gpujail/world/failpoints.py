@@ -90,7 +90,9 @@ REGISTRY = {
     "ref.before_configure": "implementation: before running `nvidia-container-cli configure`",
     "ref.before_mount": "direct: before each bind mount it makes itself",
     "ref.before_verify": "implementation: after configure, before verification",
+    "ref.before_soname": "implementation: mounts verified (REF-12's included), before the NVML soname check (REF-8)",
     "ref.before_ready": "implementation: verified, before the done flag and exit 0",
+    "ref.before_dummy_mount": "CPU worker / login node: before each dummy library mount over a placeholder (REF-9)",
 }
 ACTIONS = ("off", "return", "sleep", "panic", "print", "pause", "wait", "stop", "kill")
 

@@ -1,0 +1,402 @@
+"""Error paths and size bounds of reference_impl that no kernel-backend test reaches on cue.
+
+The conformance suite judges an implementation from outside; some of `reference`'s checks only fail
+in a race (a soname's own mount gone between mounting it and reading it back) or on a fault no
+failpoint sits at (ldconfig exiting non-zero), and the 1 KiB bound of REF-7 is only ever met by
+files far from it (26-byte markers, multi-KiB libraries). Each test here calls the building block
+with a scripted Sys and pins what it must do there; written for cosmic-ray's survivors
+(docs/mutation-testing.md), and run in its test command.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import types
+
+import pytest
+from gpujail.reference_impl import core, reference
+
+from gpujail.world import history
+
+JAIL = "/jail"
+LIB = "usr/lib/x86_64-linux-gnu"
+
+
+class ScriptedSys:
+    """The Sys calls these building blocks make, over a dict of jail-relative paths -> (st_mode,
+    st_size); `run` answers from `programs` (argv[0] -> (code, out, err)) and logs each argv."""
+
+    def __init__(self, files: dict[str, tuple[int, int]], programs: dict | None = None, mounts=()):
+        self.files, self.programs, self._mounts, self.ran, self.locks = dict(files), programs or {}, list(mounts), [], []
+
+    def _st(self, rel: str):
+        if rel not in self.files:
+            raise FileNotFoundError(2, "No such file or directory", rel)
+        mode, size = self.files[rel]
+        return types.SimpleNamespace(st_mode=mode, st_size=size)
+
+    def stat_beneath(self, root, rel):
+        return self._st(rel)
+
+    def lstat(self, path):
+        return self._st(os.path.relpath(path, JAIL))
+
+    def realpath(self, path):
+        return path
+
+    def mounts(self):
+        return self._mounts
+
+    def run(self, argv, timeout=None):
+        self.ran.append(list(argv))
+        return self.programs.get(argv[0], (127, "", f"{argv[0]}: command not found\n"))
+
+    def open_lock_beneath(self, root, rel):
+        self.locks.append(("open", rel))
+        return 3
+
+    def lock(self, fd, timeout):
+        self.locks.append(("lock", fd))
+        return 0.0
+
+    def unlock(self, fd):
+        self.locks.append(("unlock", fd))
+
+    def close(self, fd):
+        self.locks.append(("close", fd))
+
+    def fill_empty_beneath(self, root, rel, data, mode):
+        return self.programs.get("fill", True)
+
+
+def regular(size: int) -> tuple[int, int]:
+    return stat.S_IFREG | 0o644, size
+
+
+@pytest.fixture
+def events():
+    seen: list[tuple[str, dict]] = []
+    history.set_sink(lambda kind, fields: seen.append((kind, fields)))
+    yield seen
+    history.set_sink(None)
+
+
+# -- REF-7's bound: "size above 1 KiB" --------------------------------------------------------
+
+@pytest.mark.parametrize("size, real", [(None, False), (26, False), (core.REAL_CONTENT_MIN, False),
+                                        (core.REAL_CONTENT_MIN + 1, True)])
+def test_soname_content_is_checked_by_size_above_1_kib(size, real):
+    """reference.check_content, REF-7 for a soname reference mounted (or kept as a link): nothing
+    there, a marker, or exactly 1 KiB is no library; a byte more is."""
+    rel = f"{LIB}/libcuda.so.1"
+    ctx = core.Ctx(ScriptedSys({} if size is None else {rel: regular(size)}), JAIL)
+    if real:
+        reference.check_content(ctx, rel, "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+        return
+    with pytest.raises(core.Fatal) as e:
+        reference.check_content(ctx, rel, "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+    assert e.value.kind == "verify-failed" and rel in str(e.value)
+    assert (f"shows {size} bytes" if size is not None else "shows nothing") in str(e.value)
+
+
+def _mount(i: int, rel: str):
+    return types.SimpleNamespace(mount_id=i, mountpoint=f"{JAIL}/{rel}")
+
+
+@pytest.mark.parametrize("size, real", [(core.REAL_CONTENT_MIN, False), (core.REAL_CONTENT_MIN + 1, True)])
+def test_verify_size_bound_is_above_1_kib(size, real):
+    """core.verify: a new mount showing exactly 1 KiB by path is a placeholder, not the driver file."""
+    rel = f"{LIB}/libcuda.so.550.54.15"
+    ctx = core.Ctx(ScriptedSys({LIB: (stat.S_IFDIR | 0o755, 4096), rel: regular(size)}, mounts=[_mount(7, rel)]), JAIL)
+    if real:
+        assert core.verify(ctx, {}, [("/host/libcuda", rel)]) == [rel]
+        return
+    with pytest.raises(core.Fatal) as e:
+        core.verify(ctx, {}, [("/host/libcuda", rel)])
+    assert e.value.kind == "verify-failed" and f"{size} bytes" in str(e.value)
+
+
+@pytest.mark.parametrize("gone", [1, 2, 3])
+def test_verify_names_the_first_file_not_mounted_and_counts_the_rest(gone):
+    """core.verify's one line: the first expected file that is not attached, and how many more."""
+    rels = [f"{LIB}/lib{i}.so.1" for i in range(4)]
+    present = rels[gone:]
+    ctx = core.Ctx(ScriptedSys({LIB: (stat.S_IFDIR | 0o755, 4096), **{r: regular(4096) for r in rels}},
+                               mounts=[_mount(i, r) for i, r in enumerate(present)]), JAIL)
+    with pytest.raises(core.Fatal) as e:
+        core.verify(ctx, {}, [(f"/host/{r}", r) for r in rels])
+    msg = str(e.value)
+    assert e.value.kind == "verify-failed" and f"{JAIL}/{rels[0]}: not mounted" in msg
+    assert (f"(and {gone - 1} more)" in msg) == (gone > 1) and "(and 0 more)" not in msg
+
+
+# -- REF-12: this node's library over each soname placeholder -----------------------------------
+
+class Mounting(ScriptedSys):
+    """Binds by making the target show the source's size (4 KiB), or fails as told."""
+    error: OSError | None = None
+
+    def bind_mount_beneath(self, source, root, rel, flags):
+        if self.error:
+            raise self.error
+        self.files[rel] = regular(4096)
+
+
+def _soname_ctx(sysops) -> tuple[core.Ctx, list[tuple[str, str]]]:
+    sonames = [(f"/usr/lib/x86_64-linux-gnu/lib{n}.so.550.54.15", f"{LIB}/lib{n}.so.1") for n in ("cuda", "nvidia-ml")]
+    ctx = core.Ctx(sysops, JAIL)
+    ctx.sonames = {rel: f"{LIB}/{os.path.basename(host)}" for host, rel in sonames}
+    return ctx, sonames
+
+
+def test_soname_mounts_follow_what_configure_mounted():
+    """reference.mount_sonames: a soname whose library this start did not mount (a capability not
+    asked for, here libcuda's) is skipped, and the next one is still mounted and checked."""
+    dirs = {d: (stat.S_IFDIR | 0o755, 4096) for d in ("usr", "usr/lib", LIB)}
+    ctx, sonames = _soname_ctx(Mounting({**dirs, f"{LIB}/libcuda.so.1": regular(26), f"{LIB}/libnvidia-ml.so.1": regular(26)}))
+    assert reference.mount_sonames(ctx, sonames, [f"{LIB}/libnvidia-ml.so.550.54.15"]) == [f"{LIB}/libnvidia-ml.so.1"]
+    assert ctx.sys.files[f"{LIB}/libcuda.so.1"] == regular(26)
+
+
+def test_soname_mount_failing_is_a_verification_failure_naming_the_soname():
+    """reference.mount_sonames: a soname placeholder gone (or a mount refused) when this node binds
+    its library over it is verify-failed, one line naming the soname, not an unexplained I/O error."""
+    dirs = {d: (stat.S_IFDIR | 0o755, 4096) for d in ("usr", "usr/lib", LIB)}
+    sysops = Mounting({**dirs, f"{LIB}/libnvidia-ml.so.1": regular(26)})
+    sysops.error = FileNotFoundError(2, "No such file or directory", f"{JAIL}/{LIB}/libnvidia-ml.so.1")
+    ctx, sonames = _soname_ctx(sysops)
+    with pytest.raises(core.Fatal) as e:
+        reference.mount_sonames(ctx, sonames[1:], [f"{LIB}/libnvidia-ml.so.550.54.15"])
+    assert e.value.kind == "verify-failed" and f"over the soname {JAIL}/{LIB}/libnvidia-ml.so.1" in str(e.value)
+
+
+# -- REF-8: the repair's failures --------------------------------------------------------------
+
+@pytest.mark.parametrize("code", [1, -9])
+def test_ldconfig_failing_is_fatal_with_its_exit_code_and_error(code, events):
+    """ensure_soname: a stale libnvidia-ml.so.1 and an ldconfig that fails (exit 1, or killed by a
+    signal) is soname-failed naming ldconfig's exit code and its last error, under the ldconfig lock."""
+    ctx = core.Ctx(ScriptedSys({}, {"ldconfig": (code, "", "ldconfig: /jail/etc/ld.so.cache~: Read-only file system\n")}),
+                   JAIL)
+    with pytest.raises(core.Fatal) as e:
+        core.ensure_soname(ctx, [f"{LIB}/libnvidia-ml.so.550.54.15"])
+    assert e.value.kind == "soname-failed"
+    assert f"(exit {code})" in str(e.value) and str(e.value).endswith("Read-only file system")
+    assert ctx.sys.ran == [["ldconfig", "-r", JAIL]]
+    assert [k for k, _ in ctx.sys.locks] == ["open", "lock", "unlock"]
+    assert ("impl.ldconfig", {"code": code}) in events
+
+
+@pytest.mark.parametrize("there", [None, regular(26), regular(core.REAL_CONTENT_MIN), (stat.S_IFDIR | 0o755, 4096),
+                                   regular(core.REAL_CONTENT_MIN + 1)], ids=["none", "marker", "1-KiB", "directory", "real"])
+def test_nvml_soname_is_stale_unless_real_content(there):
+    """ensure_soname: libnvidia-ml.so.1 resolving to nothing, a marker, exactly 1 KiB or a directory is
+    stale: ldconfig runs under its lock, and a soname it did not mend is soname-failed. Real content
+    (a regular file above 1 KiB): nothing runs, no lock is taken."""
+    soname = f"{LIB}/libnvidia-ml.so.1"
+    ctx = core.Ctx(ScriptedSys({soname: there} if there else {}, {"ldconfig": (0, "", "")}), JAIL)
+    if there == regular(core.REAL_CONTENT_MIN + 1):
+        core.ensure_soname(ctx, [f"{LIB}/libnvidia-ml.so.550.54.15"])
+        assert ctx.sys.ran == [] and ctx.sys.locks == []
+        return
+    with pytest.raises(core.Fatal) as e:
+        core.ensure_soname(ctx, [f"{LIB}/libnvidia-ml.so.550.54.15"])
+    assert e.value.kind == "soname-failed" and "even after ldconfig" in str(e.value)
+    assert ctx.sys.ran == [["ldconfig", "-r", JAIL]]
+
+
+def test_soname_fresh_under_the_ldconfig_lock_runs_no_ldconfig():
+    """ensure_soname re-checks under the ldconfig lock: repaired by the previous holder meanwhile,
+    no ldconfig runs (only when stale)."""
+    soname = f"{LIB}/libnvidia-ml.so.1"
+
+    class RepairedWhileWaiting(ScriptedSys):
+        def lock(self, fd, timeout):
+            self.files[soname] = regular(4096)   # the previous holder's ldconfig
+            return super().lock(fd, timeout)
+
+    ctx = core.Ctx(RepairedWhileWaiting({}, {"ldconfig": (0, "", "")}), JAIL)
+    core.ensure_soname(ctx, [f"{LIB}/libnvidia-ml.so.550.54.15"])
+    assert ctx.sys.ran == [] and [k for k, _ in ctx.sys.locks] == ["open", "lock", "unlock"]
+
+
+# -- REF-3: the marker written into an old 0-byte placeholder ---------------------------------
+
+@pytest.mark.parametrize("filled", [True, False])
+def test_in_place_marker_is_recorded_only_when_written(filled, events):
+    """fill_in_place records `impl.marker` (in_place) only when it wrote the marker: when another
+    node filled the placeholder first it wrote nothing, and the history (from which the chaos
+    checker tells who created the markers, chaos/checkers/cells.py) must not say it did."""
+    rel = f"{LIB}/libcuda.so.550.54.15"
+    ctx = core.Ctx(ScriptedSys({}, {"fill": filled}), JAIL)
+    core.fill_in_place(ctx, rel, 0o644)
+    assert [f for k, f in events if k == "impl.marker"] == ([{"path": rel, "mode": "0o644", "in_place": True}]
+                                                           if filled else [])
+
+
+# -- REF-9: the dummy library on node-local /run ------------------------------------------------
+
+def test_dummy_library_made_once_and_after_an_interrupted_start(tmp_path):
+    """dummy_library: made where missing (a loadable ELF named libdummy.so, more than a placeholder),
+    also when an interrupted start left the directory and a half-written `.tmp` behind; once there,
+    used as it is (every CPU start on the node reuses it, nothing rewritten under live mounts)."""
+    from gpujail.fixtures import elf
+    fresh = tmp_path / "fresh"
+    path = core.dummy_library(str(fresh))
+    assert path == str(fresh / "libdummy.so")
+    data = open(path, "rb").read()
+    assert elf.read_soname(data) == "libdummy.so" and len(data) > core.PLACEHOLDER_MAX
+    interrupted = tmp_path / "interrupted"
+    interrupted.mkdir()
+    (interrupted / "libdummy.so.tmp").write_bytes(b"\x7fELF half")
+    assert open(core.dummy_library(str(interrupted)), "rb").read() == data
+    before = os.stat(path)
+    assert core.dummy_library(str(fresh)) == path
+    after = os.stat(path)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+# -- SPEC section 5: the contract's environment -------------------------------------------------
+
+def test_contract_environment_and_its_bounds():
+    """Ctx.from_env: the contract's defaults; GPUJAIL_LOCK_TIMEOUT=0 is a bound (do not wait), while
+    a negative, infinite or NaN one bounds nothing and is refused."""
+    ctx = core.Ctx.from_env(ScriptedSys({}), "reference", {"GPUJAIL_JAIL": JAIL})
+    assert (ctx.jail, ctx.node, ctx.role, ctx.capabilities, ctx.lock_timeout) == \
+        (JAIL, "?", "gpu-worker", "compute,utility", 120.0)
+    assert core.Ctx.from_env(ScriptedSys({}), "reference", {"GPUJAIL_JAIL": JAIL, "GPUJAIL_LOCK_TIMEOUT": "0"}).lock_timeout == 0
+    for bad in ("-0.001", "inf", "nan"):
+        with pytest.raises(ValueError):
+            core.Ctx.from_env(ScriptedSys({}), "reference", {"GPUJAIL_JAIL": JAIL, "GPUJAIL_LOCK_TIMEOUT": bad})
+
+
+@pytest.mark.parametrize("caps, flags", [
+    ("compute,utility", ["--compute", "--utility"]),
+    (" utility , compute ,,", ["--utility", "--compute"]),
+    ("all", ["--compute", "--display", "--graphics", "--utility", "--video", "--ngx"]),
+    ("compute,bogus", None)])
+def test_capabilities_become_configure_flags(caps, flags):
+    """NVIDIA_DRIVER_CAPABILITIES as configure's flags (REF-6): blanks and empty items ignored, `all`
+    every capability but compat32 (as the toolkit expands it), an unknown one bad input naming it."""
+    ctx = core.Ctx(ScriptedSys({}), JAIL, capabilities=caps)
+    if flags is not None:
+        assert ctx.cli_flags() == flags
+        return
+    with pytest.raises(core.Fatal) as e:
+        ctx.cli_flags()
+    assert e.value.kind == "bad-input" and "'bogus'" in str(e.value)
+
+
+# -- every OSError of a step becomes its kind of failure (CONTRACT.md: one code per kind) ---------
+
+class Failing(ScriptedSys):
+    """ScriptedSys whose named calls raise the exception given for them (`fail`), or, for a list,
+    raise its items one call after the other (then behave)."""
+
+    def __init__(self, files, fail: dict, **kw):
+        super().__init__(files, **kw)
+        self.fail = dict(fail)
+
+    def _maybe_fail(self, name: str) -> None:
+        e = self.fail.get(name)
+        if isinstance(e, list):
+            e = e.pop(0) if e else None
+        if e is not None:
+            raise e
+
+    def stat_beneath(self, root, rel):
+        self._maybe_fail("stat_beneath")
+        return super().stat_beneath(root, rel)
+
+    def open_lock_beneath(self, root, rel):
+        self._maybe_fail("open_lock_beneath")
+        return super().open_lock_beneath(root, rel)
+
+    def read_image(self, path):
+        self._maybe_fail("read_image")
+        return b""
+
+    def stat(self, path):
+        self._maybe_fail("stat")
+        return types.SimpleNamespace(st_mode=stat.S_IFREG | 0o755, st_size=4096)
+
+    def mkdir_beneath(self, root, rel, mode):
+        self._maybe_fail("mkdir_beneath")
+        self.files[rel] = (stat.S_IFDIR | mode, 4096)
+
+    def write_new_beneath(self, root, rel, data, mode):
+        self._maybe_fail("write_new_beneath")
+        self.files[rel] = (stat.S_IFREG | mode, len(data))
+
+    def fill_empty_beneath(self, root, rel, data, mode):
+        self._maybe_fail("fill_empty_beneath")
+        return True
+
+    def touch_beneath(self, root, rel):
+        self._maybe_fail("touch_beneath")
+        self.files[rel] = regular(0)
+
+    def unlink_beneath(self, root, rel):
+        self._maybe_fail("unlink_beneath")
+        del self.files[rel]
+
+    def listdir(self, path):
+        d = os.path.relpath(path, JAIL)
+        return [os.path.basename(r) for r in self.files if os.path.dirname(r) == d]
+
+
+DIRS = {d: (stat.S_IFDIR | 0o755, 4096) for d in ("etc", "usr", "usr/lib", LIB)}
+ERR = {n: OSError(getattr(errno, n), os.strerror(getattr(errno, n))) for n in ("ELOOP", "EACCES", "EROFS", "ENOSPC", "EIO")}
+NEW = f"{LIB}/libnvidia-new.so.1"
+
+
+@pytest.mark.parametrize("step, fail, kind", [
+    (lambda ctx: core.is_debian(ctx), {"stat_beneath": ERR["ELOOP"]}, "unsafe-jail"),
+    (lambda ctx: core.elf32(ctx, "/usr/lib/libcuda.so.1"), {"read_image": ERR["EACCES"]}, "bad-input"),
+    (lambda ctx: core.JailLock(ctx).__enter__(), {"open_lock_beneath": ERR["EROFS"]}, "jail-write-failed"),
+    (lambda ctx: core.make_parents(ctx, "opt/nvidia/x"), {"mkdir_beneath": ERR["ENOSPC"]}, "jail-write-failed"),
+    (lambda ctx: core.make_parents(ctx, "opt/nvidia/x"), {"mkdir_beneath": FileExistsError(17, "File exists")},
+     "unsafe-jail"),
+    (lambda ctx: core.create_markers(ctx, [("/usr/lib/libnvidia-new.so.1", NEW)]), {"stat": ERR["EIO"]}, "bad-input"),
+    (lambda ctx: core.place_marker(ctx, NEW, 0o644), {"write_new_beneath": ERR["ENOSPC"]}, "jail-write-failed"),
+    (lambda ctx: core.place_marker(ctx, NEW, 0o644), {"write_new_beneath": FileExistsError(17, "File exists")},
+     "jail-write-failed"),
+    (lambda ctx: core.fill_in_place(ctx, NEW, 0o644), {"fill_empty_beneath": ERR["EIO"]}, "jail-write-failed"),
+    (lambda ctx: core.soname_pairs(ctx, [("/usr/lib/libnvidia-new.so.550", f"{LIB}/libnvidia-new.so.550")]),
+     {"read_image": ERR["EACCES"]}, "bad-input"),
+    (lambda ctx: core.mark_done(ctx), {"touch_beneath": ERR["EROFS"]}, "jail-write-failed"),
+], ids=["stat-beneath", "elf-class", "lock-open", "mkdir", "mkdir-dangling-symlink", "host-stat", "marker-write",
+        "marker-appears-and-goes", "fill-in-place", "soname-read", "done-flag"])
+def test_each_step_fails_as_its_kind(step, fail, kind):
+    """A step whose system call fails ends the start as that step's kind of failure (its own exit
+    code, CONTRACT.md), one line naming the path: not the catch-all I/O error."""
+    ctx = core.Ctx(Failing(DIRS, fail), JAIL)
+    with pytest.raises(core.Fatal) as e:
+        step(ctx)
+    assert e.value.kind == kind, str(e.value)
+    assert JAIL in str(e.value) or "/usr/lib/" in str(e.value), str(e.value)
+
+
+def test_marker_that_appeared_meanwhile_is_accepted_after_one_exists_error():
+    """place_marker: an exclusive create that meets another node's marker (EEXIST) re-checks it and
+    accepts it; and a mkdir that meets another node's new directory goes on."""
+    class Theirs(Failing):
+        def write_new_beneath(self, root, rel, data, mode):
+            self.files[rel] = regular(26)   # the other node's, just before ours
+            raise FileExistsError(17, "File exists", rel)
+
+        def mkdir_beneath(self, root, rel, mode):
+            self.files[rel] = (stat.S_IFDIR | 0o755, 4096)
+            raise FileExistsError(17, "File exists", rel)
+
+    ctx = core.Ctx(Theirs({d: v for d, v in DIRS.items() if d != LIB}, {}), JAIL)
+    core.place_marker(ctx, NEW, 0o644)
+    assert ctx.sys.files[NEW] == regular(26) and stat.S_ISDIR(ctx.sys.files[LIB][0])
+
+
+def test_populate_cleanup_tolerates_what_went_meanwhile():
+    """populate_cleanup: a placeholder, or the flag, removed by someone else meanwhile is no error."""
+    ctx = core.Ctx(Failing({**DIRS, NEW: regular(26)}, {"unlink_beneath": [FileNotFoundError(2, "gone"),
+                                                                           FileNotFoundError(2, "gone")]}), JAIL)
+    assert core.populate_cleanup(ctx) == []
