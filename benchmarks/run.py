@@ -17,6 +17,8 @@ absolute times drift on shared machines. `--quick` repeats less (a smoke run, al
   real-reports each scenario from real reports (upgraded-jail, mixed-drivers, cuda-image,
                ldcache-rewrite, ldconfig-blind-winner), deterministic, against legacy and its
                matching mutant: caught n/20, median time to the first violation
+  cdi          the CDI scenarios against cdi-naive (caught n/20, median time to the first violation)
+               and cdi on the same seeds
   windows      per scenario, the fraction of seeded-random runs that open its fault windows (the
                128-worker scale scenario twice, skipped with --quick)
   starts       worker starts/s, reference, direct, example-shell, warm and cold jail, 1/16/128 workers
@@ -104,11 +106,10 @@ def seed_bug(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
             for impl in ("legacy", "reference"):
                 times, broken = [], 0
                 for seed in range(runs):
-                    r = runner.run(sc, impl, tmp / f"{name}-{workers}-{impl}-{seed}", seed=seed)
-                    if r.verdict.valid is False and r.verdict.first_violation:
+                    t = _first_violation_s(runner.run(sc, impl, tmp / f"{name}-{workers}-{impl}-{seed}", seed=seed))
+                    if t is not None:
                         broken += 1
-                        begin = next(e["t"] for e in history.load(str(r.history_path)) if e["kind"] == "chaos.begin")
-                        times.append(r.verdict.first_violation["t"] - begin)
+                        times.append(t)
                 result[impl] = {"runs": runs, "violations": broken, "median_s_to_violation": median(times)}
             raw[f"{name}/{workers}"] = result
             lg = result["legacy"]
@@ -127,10 +128,37 @@ REAL_REPORTS = {"upgraded-jail": "mutant:zero-byte-counts-present", "mixed-drive
 
 
 def _first_violation_s(r) -> float | None:
-    if r.verdict.valid is not False or not r.verdict.first_violation:
+    """Seconds from the run's start to its first violation, None when the run found none. A violation
+    of the final state (INV-3's jail hygiene, INV-6's residue) has no event: it counts at the run's end."""
+    if r.verdict.valid is not False:
         return None
-    begin = next(e["t"] for e in history.load(str(r.history_path)) if e["kind"] == "chaos.begin")
-    return r.verdict.first_violation["t"] - begin
+    events = history.load(str(r.history_path))
+    begin = next(e["t"] for e in events if e["kind"] == "chaos.begin")
+    event = r.verdict.first_violation or next((e for e in reversed(events) if e["kind"] == "chaos.end"), events[-1])
+    return event["t"] - begin
+
+
+def _caught(tmp: Path, name: str, impl: str, runs: int) -> tuple[list[float], int]:
+    """Scenario `name`, deterministic form, against `impl` on seeds 0..runs-1: the times from each
+    run's start to its first violation (one per run that caught it), and the runs that could not start."""
+    sc = scenario.load(name)
+    times, errors = [], 0
+    for seed in range(runs):
+        try:   # a node that cannot be set up (the host changed under it) is counted, not fatal
+            t = _first_violation_s(runner.run(sc, impl, tmp / f"{name}-{impl}-{seed}".replace(":", "_"), seed=seed))
+        except RuntimeError:
+            errors += 1
+            continue
+        if t is not None:
+            times.append(t)
+    return times, errors
+
+
+def _caught_row(raw: dict, name: str, impl: str, runs: int, times: list[float], errors: int, comparison: str = "") -> Row:
+    raw[f"{name}/{impl}"] = {"runs": runs, "caught": len(times), "errors": errors, "median_s_to_violation": median(times)}
+    when = f", median {median(times):.2f} s to the first violation" if times else ""
+    return Row(f"{name}, deterministic, {impl}", f"caught {len(times)}/{runs - errors}{when}",
+               "; ".join(filter(None, [comparison, f"{errors} runs could not start" if errors else ""])))
 
 
 def real_reports(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
@@ -139,23 +167,26 @@ def real_reports(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     runs = 3 if quick else 20
     rows, raw = [], {}
     for name, mutant in REAL_REPORTS.items():
-        sc = scenario.load(name)
         for impl in ("legacy", mutant):
-            times = []
-            errors = 0
-            for seed in range(runs):
-                try:   # a node that cannot be set up (the host changed under it) is counted, not fatal
-                    t = _first_violation_s(runner.run(sc, impl, tmp / f"{name}-{impl}-{seed}".replace(":", "_"), seed=seed))
-                except RuntimeError:
-                    errors += 1
-                    continue
-                if t is not None:
-                    times.append(t)
-            raw[f"{name}/{impl}"] = {"runs": runs, "caught": len(times), "errors": errors,
-                                     "median_s_to_violation": median(times)}
-            when = f", median {median(times):.2f} s to the first violation" if times else ""
-            rows.append(Row(f"{name}, deterministic, {impl}", f"caught {len(times)}/{runs - errors}{when}",
-                            f"{errors} runs could not start" if errors else ""))
+            rows.append(_caught_row(raw, name, impl, runs, *_caught(tmp, name, impl, runs)))
+    return rows, raw
+
+
+# The CDI path's scenarios (issue 27, SPEC section 9): a runtime applying the spec (cdi-naive) against the
+# fixed procedure on the CDI file set (cdi).
+CDI_SCENARIOS = ("cdi-half-migrated", "cdi-two-drivers", "cdi-first-starts", "cdi-ref12-fleet")
+
+
+def cdi(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """Each CDI scenario, deterministic form, against cdi-naive: caught n/20 and the median time from
+    the run's start to the first violation; cdi on the same seeds."""
+    runs = 3 if quick else 20
+    rows, raw = [], {}
+    for name in CDI_SCENARIOS:
+        fixed, fixed_errors = _caught(tmp, name, "cdi", runs)
+        raw[f"{name}/cdi"] = {"runs": runs, "caught": len(fixed), "errors": fixed_errors}
+        rows.append(_caught_row(raw, name, "cdi-naive", runs, *_caught(tmp, name, "cdi-naive", runs),
+                                comparison=f"cdi {len(fixed)}/{runs - fixed_errors}"))
     return rows, raw
 
 
@@ -709,7 +740,7 @@ def start_parts(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
                   "starts_per_s": rates, "cpu_per_start_s": cpu, "load": os.getloadavg()}
 
 
-FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "windows": windows, "starts": starts, "paths": paths,
+FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "cdi": cdi, "windows": windows, "starts": starts, "paths": paths,
            "docker": docker, "model": model, "suites": suites, "memory": memory, "qualify": qualify,
            "launchers": launchers, "jail-fs": jail_fs, "cli-startup": cli_startup, "start-parts": start_parts}
 
