@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gpujail.fixtures import BIN
+from gpujail.fixtures import BIN, cdi_spec
 from gpujail.fixtures import jail as jail_image
 
 from gpujail.backends.probes import gpu_files, problems
@@ -17,6 +17,15 @@ from gpujail.spec import PLACEHOLDER_MAX
 from gpujail.world.failpoints import Barrier
 
 MARKER_MAX = PLACEHOLDER_MAX   # REF-5 / REF-9
+# The bundled CDI-mode implementations (SPEC section 9). Any other implementation (a vendor's command) is
+# CDI-mode when the run brings a CDI spec (`--cdi-spec FILE`, fixtures/cdi_spec.py).
+CDI_MODE = ("cdi", "cdi-naive")
+
+
+def is_cdi_mode(impl: str) -> bool:
+    """Whether `impl` takes its file set from a CDI spec (`nvidia-ctk cdi generate`) instead of
+    `nvidia-container-cli list`: a bundled CDI-mode implementation, or any one run with --cdi-spec."""
+    return impl in CDI_MODE or cdi_spec.active() is not None
 
 
 def start_all(world, n: int, prefix: str = "w", **kw) -> list:

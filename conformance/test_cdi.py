@@ -17,19 +17,30 @@ import os
 import stat
 
 import pytest
-from gpujail.conformance.helpers import changes, lost, lost_files, new_entries, not_ready, soname_broken, start_all
+from gpujail.conformance.helpers import (
+    CDI_MODE,
+    changes,
+    host_layout,
+    is_cdi_mode,
+    lost,
+    lost_files,
+    new_entries,
+    not_ready,
+    one_line_error,
+    soname_broken,
+    start_all,
+)
 from gpujail.fixtures import BIN, cdi_spec, drivers
 from gpujail.fixtures import jail as jail_image
 
-from gpujail.backends.probes import problems, soname_files
+from gpujail.backends.probes import lookup_files, problems, soname_files
 from gpujail.spec import FLAG, LDCONFIG_LOCK, LOCK
 
 pytestmark = pytest.mark.kernel
-# The bundled CDI-mode implementations. Any other implementation (a vendor's command) is CDI-mode
-# when the run brings a CDI spec (`--cdi-spec FILE`, fixtures/cdi_spec.py): then its nodes serve the
-# driver that spec describes, the fake `nvidia-ctk cdi generate` prints that spec, and these tests
-# run against it with the probes checking the spec's mounts.
-CDI_MODE = ("cdi", "cdi-naive")
+# CDI_MODE: the bundled CDI-mode implementations. Any other implementation (a vendor's command) is
+# CDI-mode when the run brings a CDI spec (`--cdi-spec FILE`, fixtures/cdi_spec.py): then its nodes
+# serve the driver that spec describes, the fake `nvidia-ctk cdi generate` prints that spec, and these
+# tests run against it with the probes checking the spec's mounts (helpers.is_cdi_mode).
 OLD, NEW = drivers.VERSIONS[0], drivers.VERSIONS[1]   # a rolling driver upgrade: 550 then 570
 CONF_DIR = "etc/ld.so.conf.d/"
 EMPTY_BY_DESIGN = (LOCK, LDCONFIG_LOCK, FLAG)   # 0-byte files of the procedure itself, never mount targets
@@ -37,7 +48,7 @@ EMPTY_BY_DESIGN = (LOCK, LDCONFIG_LOCK, FLAG)   # 0-byte files of the procedure 
 
 @pytest.fixture(autouse=True)
 def cdi_mode(impl):
-    if impl not in CDI_MODE and cdi_spec.active() is None:
+    if not is_cdi_mode(impl):
         pytest.skip(f"{impl!r} is not a CDI-mode implementation (its file set comes from `nvidia-container-cli list`, "
                     f"not a CDI spec); the CDI-* tests apply to {', '.join(CDI_MODE)}, or to any implementation "
                     "run with --cdi-spec FILE")
@@ -70,6 +81,43 @@ def test_every_file_the_spec_names_is_mounted_at_its_container_path(world):
     results = w.node.probe([{"path": f"{world.jail}{m['containerPath']}", "host": m["hostPath"],
                              "load": ".so." in m["containerPath"]} for m in mounts])
     assert (gone := problems(results)) == [], lost_files("CDI-1", w, gone, world.jail)
+
+
+@pytest.mark.req("CDI-1", "REF-1", "REF-10")
+def test_failing_generate_is_fatal(world):
+    """REF-1 where the file set is a CDI spec: a failing `nvidia-ctk cdi generate` (the fake's
+    failpoint `cdi.before_generate`, EIO) is fatal, with one error line naming it, before anything is
+    written to the jail: no marker, no mount target, no done flag (REF-10)."""
+    before = jail_image.snapshot(world.jail)
+    w = world.start("w", env={"GPUJAIL_FAILPOINTS": "cdi.before_generate=return(EIO)"})
+    assert not w.ready, f"REF-1: worker {w.node_id} became ready (exit 0) although `nvidia-ctk cdi generate` failed (EIO)"
+    assert "generate" in (line := one_line_error(w, "REF-1")), \
+        f"REF-1: worker {w.node_id}'s error line does not name the failing `nvidia-ctk cdi generate`: {line!r}"
+    after = jail_image.snapshot(world.jail)
+    assert after == before, \
+        f"REF-1: worker {w.node_id} wrote to the jail although `nvidia-ctk cdi generate` failed: {changes(before, after)}"
+
+
+@pytest.mark.req("CDI-1", "REF-12", "REF-8")
+def test_a_job_loads_the_driver_by_soname_from_a_rhel_hosts_spec(world):
+    """CDI-1: on a RHEL host the spec mounts the libraries at /usr/lib64/... (the host path, not
+    flattened), a directory a Debian jail's linker neither lists in its etc/ld.so.conf nor searches
+    by default (a runtime's update-ldcache adds a conf file for it, CDI-4). Whatever the
+    implementation does about that, a GPU job on a ready worker must load each driver library by its
+    soname (libnvidia-ml.so.1, libcuda.so.1, ...) as its loader does: through the jail's
+    etc/ld.so.cache or the loader's default directories, and get this node's own driver (REF-12, and
+    REF-8's "libnvidia-ml.so.1 must resolve to real content")."""
+    options = host_layout(world, "rhel")
+    w = world.start("w", **options)
+    assert w.ready, not_ready("CDI-1 (a RHEL host)", w)
+    asked = lookup_files(world.jail, layout="rhel")
+    results = w.node.probe(asked)
+    assert len(results) == len(asked) >= 4, f"CDI-1 (precondition): {len(results)} lookup results of {len(asked)}"
+    bad = [r for r in results if r.get("loader") != "ok" or r.get("same_bytes") is False]
+    says = bad and (bad[0].get("loader") or bad[0].get("error") or "?").split(": ", 1)[-1]
+    assert bad == [], (f"CDI-1/REF-12: on a RHEL host, a GPU job on worker {w.node_id} cannot load "
+                       f"{len({r['lookup'] for r in bad})} driver libraries by soname, e.g. {bad[0]['lookup']} "
+                       f"({bad[0].get('resolved') or ''}): {says}")
 
 
 @pytest.mark.req("CDI-2", "REF-5")

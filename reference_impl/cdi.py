@@ -18,9 +18,10 @@ update-ldcache, which rewrite shared jail files on every start). No verification
 jail (REF-2, REF-11), markers for the missing ones and each soname under the cross-node lock
 (REF-3..5, none and no lock when warm), its own read-only bind mounts (direct.mount_directly), REF-7
 verification, its own library over each soname (REF-12) instead of `create-symlinks` over shared
-files, ldconfig only when the NVML soname is stale and under its lock (REF-8) instead of
-`update-ldcache` on every start, the done flag (REF-10). It mounts every file the spec names:
-a CDI spec has no capabilities.
+files (beside the spec's library and, when the spec's directory is not the jail's library directory,
+in that one too, where a job's loader finds it: `linker_sonames`), ldconfig only when the NVML soname
+is stale and under its lock (REF-8) instead of `update-ldcache` on every start, the done flag
+(REF-10). It mounts every file the spec names: a CDI spec has no capabilities.
 """
 from __future__ import annotations
 
@@ -173,6 +174,22 @@ class NAIVE:
 
 # -- cdi: the fixed procedure on the CDI file set ----------------------------------------------------
 
+def linker_sonames(ctx: core.Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """REF-12 where a job's loader looks: a spec keeps each library's host directory (CDI-1), e.g.
+    RHEL's usr/lib64, which a Debian jail's linker neither searches by default nor lists in its
+    ld.so.conf (the runtime's update-ldcache adds a conf file for it on every start, CDI-4). So each
+    such library's soname also gets a placeholder, with this node's library bound over it, in the
+    jail's own library directory (where the CLI would mount it, core.target: CLI-3), which the loader
+    searches: found by path, no linker configuration written. Its soname's own library is the
+    spec's file (`ctx.sonames`), so a link there to another one is stale, as for every soname."""
+    debian, spec = core.is_debian(ctx), dict(pairs)
+    moved = [(h, core.target(h, debian)) for h, t in pairs
+             if core.is_library(h) and os.path.dirname(core.target(h, debian)) != os.path.dirname(t)]
+    out = [p for p in core.soname_pairs(ctx, moved) if p[1] not in ctx.sonames]
+    ctx.sonames.update({rel: spec[host] for host, rel in out})
+    return out
+
+
 class FIXED:
     """`cdi`: `direct`'s procedure with the spec as the file set."""
 
@@ -180,6 +197,7 @@ class FIXED:
     def gpu_worker(ctx: core.Ctx) -> None:
         pairs = file_set(ctx, edits(generate(ctx)))
         ctx, sonames = core.with_sonames(ctx, pairs)
+        sonames += linker_sonames(ctx, pairs)   # REF-12 in the jail's library directory too
         core.ensure_placeholders(ctx, pairs + sonames)   # REF-3..5, each soname a placeholder (REF-12)
         before = core.jail_mounts(ctx)
         kept = [(h, t) for h, t in sonames if core.kept_soname_link(ctx, t)]

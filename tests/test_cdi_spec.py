@@ -361,7 +361,7 @@ def gpujail_run(tmp_path, *args) -> subprocess.CompletedProcess:
 def test_gpujail_run_with_a_vendor_spec(fleet, tmp_path, edited, impls):
     """`gpujail run --cdi-spec`: `cdi` passes the CDI conformance tests on the vendor's driver (a spec
     the fake generated on a node; the same edited to another driver version) and `cdi-naive` fails
-    exactly what its expectations list (5 of 6), as on the fixture driver."""
+    exactly what its expectations list (5 of 8), as on the fixture driver."""
     text = node_generated(fleet, "yaml")
     path = write(tmp_path, "vendor.yaml", other_version(text) if edited else text)
     for impl in impls:
@@ -369,5 +369,5 @@ def test_gpujail_run_with_a_vendor_spec(fleet, tmp_path, edited, impls):
         assert r.returncode == EXIT["passed"], r.stdout + r.stderr
         summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
         statuses = {t["test"]: t["status"] for req in summary["requirements"].values() for t in req["tests"]}
-        wanted = {"passed": 6} if impl == "cdi" else {"expected-fail": 5, "passed": 1}
+        wanted = {"passed": 8} if impl == "cdi" else {"expected-fail": 5, "passed": 3}
         assert {s: list(statuses.values()).count(s) for s in set(statuses.values())} == wanted, statuses

@@ -761,3 +761,50 @@ def test_unknown_window_is_a_scenario_error(tmp_path):
     p.write_text('name = "s"\nwindows = ["nosuch"]\n')
     with pytest.raises(scenario.ScenarioError, match="unknown window"):
         scenario.load(p)
+
+
+SONAME = f"{LIB}/libnvidia-ml.so.1"
+
+
+def soname_result(**what) -> dict:
+    """A probe result for the NVML soname: intact unless `what` says otherwise."""
+    return {"path": f"{JAIL}/{SONAME}", "attached": True, "size": 4096, "same_bytes": True, "loader": "ok", **what}
+
+
+def test_chain_names_create_symlinks_renaming_over_a_placeholder():
+    """CDI-3: `create-symlinks` renames its link over whatever is at the soname, a REF-12 marker with
+    other nodes' mounts on it included (`cdi.symlink`, `replaced` a regular file: the kernel detaches
+    those mounts, K-1). That rename removed the file: the chain and the explanation name it, led by
+    the hook that did it; a rename over nothing or over another symlink elsewhere is no removal."""
+    h = History()
+    h.ready_worker(0.0, "A")
+    h.probe(0.06, "A")["results"].append(soname_result())
+    hook = h.add(0.3, "W", "cdi.hook", pid=7, hook="create-symlinks", root=JAIL,
+                 argv=["--link", f"libnvidia-ml.so.570.86.15::/{SONAME}"])
+    h.add(0.301, "W", "cdi.symlink", pid=7, path=f"/{LIB}/libcuda.so.1", target="libcuda.so.570.86.15", replaced="nothing")
+    rename = h.add(0.302, "W", "cdi.symlink", pid=7, path=f"/{SONAME}", target="libnvidia-ml.so.570.86.15",
+                   replaced="- 26 bytes")
+    h.add(0.303, "W", "cdi.symlink", pid=7, path=f"/{LIB}/libcuda.so", target="libcuda.so.1", replaced="symlink")
+    h.probe(0.5, "A")["results"].append(soname_result(attached=False, size=0, same_bytes=False,
+                                                      loader=f"{JAIL}/{SONAME}: file too short"))
+    v = check(h.events, good_final(transient_only=False))
+    assert v.invariant == "INV-1" and v.chain == [hook, rename]
+    assert v.explanation.startswith(f"worker A lost {SONAME}: mount detached")
+    assert ("after worker W's create-symlinks replaced it (a 26-byte file) with a link to "
+            "libnvidia-ml.so.570.86.15 at t=0.302s") in v.explanation
+    assert "nothing in the history removed it" not in v.explanation
+
+
+@pytest.mark.parametrize("replaced", ["symlink", "nothing"])
+def test_create_symlinks_replacing_no_file_removed_nothing(replaced):
+    """A `cdi.symlink` that replaced a symlink (a link flip) or nothing removed no file: it explains
+    no detached mount."""
+    h = History()
+    h.ready_worker(0.0, "A")
+    h.probe(0.06, "A")["results"].append(soname_result())
+    h.add(0.3, "W", "cdi.hook", pid=7, hook="create-symlinks", root=JAIL, argv=[])
+    h.add(0.302, "W", "cdi.symlink", pid=7, path=f"/{SONAME}", target="libnvidia-ml.so.570.86.15", replaced=replaced)
+    h.probe(0.5, "A")["results"].append(soname_result(attached=False, size=None, error="No such file or directory"))
+    v = check(h.events, good_final(transient_only=False))
+    assert v.invariant == "INV-1" and v.chain == []
+    assert "nothing in the history removed it" in v.explanation

@@ -4,7 +4,9 @@ How this works
 --------------
 `final_state["jail_before"]`/`["jail_after"]` (fixtures/jail.py `snapshot`: path -> (mode, size,
 link)) may differ only by placeholders (regular files under 64 bytes named `lib*.so.*`, or under
-`lib/firmware` or `usr/bin`) and their new parent directories, `etc/*.lock`, the flag file,
+`lib/firmware` or `usr/bin`; or, whatever their names, at a path a worker of the run mounted the host
+file of that same path on: a `cli.mount` or `impl.mount` whose `dst` is its `src`, such as a vendor CDI
+spec's `usr/share/nvidia/nvoptix.bin`, SPEC section 9) and their new parent directories, `etc/*.lock`, the flag file,
 `etc/ld.so.cache` and ldconfig's soname symlinks in library directories. Removing or rewriting a
 pre-existing placeholder or the flag is also a "difference by placeholders" (populate-jail cleanup
 does it on purpose; the damage it does when a CLI does it is INV-1's business).
@@ -34,13 +36,29 @@ def _entry(value) -> tuple:
     return int(mode), size, link
 
 
-def _placeholder(rel: str, entry: tuple) -> bool:
-    """A placeholder of any generation: 0-byte (CLI) or marker (REF-5), at a driver-file path."""
+def _placeholder(rel: str, entry: tuple, targets: frozenset[str] = frozenset()) -> bool:
+    """A placeholder of any generation: 0-byte (CLI) or marker (REF-5), at a driver-file path: one
+    of the driver's names, or one of `targets` (the run's own mount targets, `mount_targets`)."""
     mode, size, _ = entry
     n, name = normalised(rel), os.path.basename(rel)
     return (stat.S_ISREG(mode) and size is not None and size < PLACEHOLDER_MAX
             and (fnmatch.fnmatchcase(name, "lib*.so.*") or n.startswith(("lib/firmware/", "bin/"))
-                 or (rel.rsplit("/", 1)[0] in IPC_DIRS and name == DIR_MARKER)))
+                 or (rel.rsplit("/", 1)[0] in IPC_DIRS and name == DIR_MARKER) or n in targets))
+
+
+def mount_targets(run: Run) -> frozenset[str]:
+    """Every jail path (normalised) a worker of the run bind-mounted a host file on at that file's
+    own path (`cli.mount`, `impl.mount` whose `dst` is its `src` in the jail): the driver files of
+    its file set, whatever their names (a CDI spec's `containerPath`, the host path: SPEC CDI-1).
+    A mount anywhere else (a library flattened by CLI-3 has its name for that; a target reached
+    through a jail symlink that leads elsewhere, hostile-links) makes no placeholder of its target."""
+    out = set()
+    for e in run.of("cli.mount", "impl.mount"):
+        dst, src = e.get("dst"), e.get("src")
+        if isinstance(dst, str) and isinstance(src, str) and src.startswith("/") and not run.rel(dst).startswith("/"):
+            if normalised(run.rel(dst)) == normalised(src):
+                out.add(normalised(src))
+    return frozenset(out)
 
 
 def _bookkeeping(rel: str, entry: tuple) -> bool:
@@ -104,12 +122,13 @@ def check_hygiene(run: Run) -> InvariantResult:
         for side in (before, after):
             for rel in [r for r in side if r == p or r.startswith(p + "/")]:
                 del side[rel]
+    targets = mount_targets(run)
     problems: list[tuple[str, str]] = []
     for rel, old in sorted(before.items()):
         new = after.get(rel)
         if new == old:
             continue
-        if _placeholder(rel, old) and (new is None or _placeholder(rel, new)):
+        if _placeholder(rel, old, targets) and (new is None or _placeholder(rel, new, targets)):
             continue
         if _bookkeeping(rel, old) and ((new is None and rel == FLAG) or (new is not None and _bookkeeping(rel, new))):
             continue
@@ -118,7 +137,8 @@ def check_hygiene(run: Run) -> InvariantResult:
         problems.append((rel, f"{rel} removed (was a {_kind(old)})" if new is None
                          else f"{rel} changed from a {_kind(old)} to a {_kind(new)}"))
     added = {rel: e for rel, e in after.items() if rel not in before}
-    allowed_files = [rel for rel, e in added.items() if _placeholder(rel, e) or _bookkeeping(rel, e) or _soname_link(rel, e)]
+    allowed_files = [rel for rel, e in added.items()
+                     if _placeholder(rel, e, targets) or _bookkeeping(rel, e) or _soname_link(rel, e)]
     for rel, e in sorted(added.items()):
         if rel in allowed_files:
             continue

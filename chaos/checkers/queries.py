@@ -12,9 +12,11 @@ basename.
 
 The causal chain of a lost file is found backwards from the bad probe (`removal_before`,
 `chain_of`): the latest `cli.cleanup.unlink` by *another* node of the same file (or an
-`impl.populate_cleanup` that removed it), then, in that CLI process (same node and pid, after its
+`impl.populate_cleanup` that removed it, or a `cdi.symlink`: create-symlinks renaming its link over a
+regular file there, SPEC CDI-3), then, in that CLI process (same node and pid, after its
 `cli.start`), the `cli.fail` that started the cleanup and the failpoint that fired before it, then
-the harness's `chaos.fault` that armed that failpoint. `describe` prints one event on one line;
+the harness's `chaos.fault` that armed that failpoint; for a rename, the `cdi.hook` that made it.
+`describe` prints one event on one line;
 times are seconds since the history's first event.
 """
 from __future__ import annotations
@@ -48,7 +50,8 @@ class Run:
         for e in self.events:
             self._by_node.setdefault(node_of(e), []).append(e)
             self._by_kind.setdefault(e.get("kind"), []).append(e)
-        self.removals = self.of("cli.cleanup.unlink", "impl.populate_cleanup", "impl.mutant.unlink")
+        self.removals = [e for e in self.of("cli.cleanup.unlink", "impl.populate_cleanup", "impl.mutant.unlink",
+                                            "cdi.symlink") if e.get("kind") != "cdi.symlink" or replaced_a_file(e)]
         self._memo: dict = {}
 
     def memo(self, key: str, compute):
@@ -196,6 +199,26 @@ def describe(event: dict, t0: float = 0.0, jails: tuple[str, ...] = ()) -> str:
 
 # -- causes ---------------------------------------------------------------------------------
 
+def replaced_a_file(event: dict) -> bool:
+    """A `cdi.symlink` whose rename replaced a regular file (`replaced` "- N bytes", fixtures/fake_cdi_hook.py):
+    that file's removal, as an unlink is (CDI-3: mounts on it detach, K-1). A link flip or a new link is none."""
+    return event.get("kind") == "cdi.symlink" and str(event.get("replaced", "")).startswith("- ")
+
+
+def _hook_of(run: Run, event: dict) -> dict | None:
+    """The `cdi.hook` (same node and pid, before it) whose run recorded `event`."""
+    hooks = [e for e in run.node_events(node_of(event)) if e.get("kind") == "cdi.hook"
+             and e.get("pid") == event.get("pid") and e.get("t", 0.0) <= event.get("t", 0.0)]
+    return hooks[-1] if hooks else None
+
+
+def _renamed_path(run: Run, event: dict) -> str:
+    """A `cdi.symlink`'s path (relative to its hook's container root) as a path in that root."""
+    hook = _hook_of(run, event)
+    path = str(event.get("path", ""))
+    return os.path.join(hook["root"], path.lstrip("/")) if hook and hook.get("root") else path.lstrip("/")
+
+
 def removal_before(run: Run, path: str, victim: str, t: float) -> dict | None:
     """The latest event before `t` by a node other than `victim` that removed the jail file `path`."""
     for e in reversed(run.removals):
@@ -207,11 +230,16 @@ def removal_before(run: Run, path: str, victim: str, t: float) -> dict | None:
         if e.get("kind") == "impl.populate_cleanup" and any(
                 same_file(p, path, run.jails) for p in e.get("removed") or []):
             return e
+        if e.get("kind") == "cdi.symlink" and same_file(_renamed_path(run, e), path, run.jails):
+            return e
     return None
 
 
 def chain_of(run: Run, removal: dict) -> list[dict]:
-    """What led to `removal`: [chaos.fault?, failpoint?, cli.fail?, removal], oldest first."""
+    """What led to `removal`: [chaos.fault?, failpoint?, cli.fail?, removal] (a rename: [cdi.hook?,
+    removal]), oldest first."""
+    if removal.get("kind") == "cdi.symlink":
+        return [e for e in (_hook_of(run, removal), removal) if e]
     if removal.get("kind") != "cli.cleanup.unlink":
         return [removal]
     node, pid, t = node_of(removal), removal.get("pid"), removal["t"]
@@ -278,5 +306,9 @@ def cause_text(run: Run, removal: dict) -> str:
         return f"worker {who}'s populate-jail cleanup removed it at {run.at(removal)}"
     if removal.get("kind") == "impl.mutant.unlink":
         return f"worker {who}'s implementation removed or replaced it at {run.at(removal)}"
+    if removal.get("kind") == "cdi.symlink":
+        size = str(removal.get("replaced", "")).removeprefix("- ").removesuffix(" bytes")
+        return (f"worker {who}'s create-symlinks replaced it (a {size}-byte file) with a link to "
+                f"{removal.get('target')} at {run.at(removal)}")
     return f"worker {who}'s CLI cleanup unlinked it at {run.at(removal)}"
 
