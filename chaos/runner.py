@@ -52,6 +52,7 @@ from gpujail.backends.probes import compat_files, gpu_files, lookup_files, sonam
 from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
 from gpujail.spec import LOCK
 from gpujail.world import history
+from gpujail.world import schedule as schedule_plan
 from gpujail.world.failpoints import Barrier
 
 
@@ -112,7 +113,7 @@ class ChaosRun:
         outlive the run directory (reports/chaos/<test>/, or a reproducer's directory)."""
         import shutil
         dest.mkdir(parents=True, exist_ok=True)
-        for name in ("history.jsonl", "final_state.json", "timeline.html"):
+        for name in ("history.jsonl", "final_state.json", "timeline.html", "schedule.json"):
             if (self.run_dir / name).exists():
                 shutil.copy(self.run_dir / name, dest / name)
         self.timeline = dest / "timeline.html" if self.timeline else None
@@ -121,6 +122,12 @@ class ChaosRun:
     def report(self) -> str:
         where = (f"\nhistory: {(self.kept or self.run_dir) / 'history.jsonl'}"
                  + (f"\ntimeline: {self.timeline}" if self.timeline else ""))
+        plan = (self.kept or self.run_dir) / "schedule.json"
+        if plan.exists():   # a scheduled run (--schedule): its decisions, for replay
+            sched = json.loads(plan.read_text())
+            where += (f"\nschedule: {sched['strategy']}, seed {sched['seed']}, {len(sched['steps'])} steps"
+                      + (f", {sched['forced']} forced (may not replay exactly)" if sched["forced"] else "")
+                      + f": {plan}")
         unfired = self.unfired()
         note = f"\narmed but never acted: {', '.join(unfired)}" if unfired else ""
         opened = "".join(f"\n  window {w}: {'opened' if ok else 'NEVER OPENED'}: {why}"
@@ -232,7 +239,10 @@ def host_residue(*needles: str) -> tuple[list[str], list[str]]:
 
 
 def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: float | None = None,
-        fleet_class: type[kernel.Fleet] = kernel.Fleet) -> ChaosRun:
+        fleet_class: type[kernel.Fleet] = kernel.Fleet, scheduled: str | None = None) -> ChaosRun:
+    """`scheduled`: the --schedule (gpujail/world/schedule.py; default: the fleet class's
+    `schedule` attribute, which the plugin sets from --schedule, else `free`)."""
+    plan = schedule_plan.parse(scheduled or getattr(fleet_class, "schedule", "free"))
     run_dir.mkdir(parents=True, exist_ok=True)
     jail = jail_image.make_jail(run_dir / "jail")
     hist = str(run_dir / "history.jsonl")
@@ -357,6 +367,9 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                     t.join()
                 raise RuntimeError(f"the ldconfig nemesis never took the jail's ldconfig lock: {sorted(errors.items())}")
         threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
+        scheduler = None if plan.free else _scheduler(plan, scenario, run_dir, seed, jail, threads, nodes, log)
+        if scheduler is not None:
+            contract[schedule_plan.ENV] = scheduler.address
         for t in threads.values():
             t.start()
         jobs: list[threading.Thread] = []   # harness jobs during the run: the probes go on while they run
@@ -400,6 +413,12 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                 time.sleep(scenario.probe_interval)
         finally:
             done.set()
+            if scheduler is not None:
+                try:
+                    scheduler.stop()
+                except RuntimeError as e:   # raised below with the workers' errors, once every thread is joined
+                    errors["scheduler"] = e
+                (run_dir / "schedule.json").write_text(json.dumps(scheduler.record()))
         keeper.join()
         for t in jobs:
             t.join()
@@ -429,6 +448,38 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
     if verdict.valid is not True:
         result.timeline = timeline.render(events, verdict, run_dir / "timeline.html")
     return result
+
+
+def steps_estimate(scenario: Scenario) -> int:
+    """PCT's k: the scheduling points a run of `scenario` reaches, about: each GPU worker's start
+    passes some 4 failpoints per file it mounts (the fake CLI's create, mount, remount; the
+    markers), about half the driver's files for the usual capabilities, plus a dozen once-per-start
+    ones; a CPU worker or login node a dozen (measured: 265 to 268 steps for legacy's cold start of
+    2 workers, 268 estimated). Deterministic, so a seed replays the same change points."""
+    from gpujail.fixtures import drivers
+    per_gpu = {v: 2 * len(drivers.catalogue(v, scenario.layout)) + 12 for _, _, v in scenario.workers if v}
+    return sum(per_gpu[v] if v else 12 for _, _, v in scenario.workers)
+
+
+def _scheduler(plan, scenario: Scenario, run_dir: Path, seed: int, jail: Path, threads: dict, nodes: dict, log):
+    """The run's scheduler (gpujail/world/schedule.py) over the scenario's workers, started."""
+    def node_of(w: str) -> int | None:
+        """None: not live (finished, or waiting to be started at a barrier); 0: being (re)started;
+        else its node's PID 1."""
+        if threads[w].ident is None:   # its thread starts right after the scheduler
+            return 0
+        if not threads[w].is_alive():
+            return None
+        node = nodes.get(w)
+        if node is None:
+            after = scenario.start_after.get(w)
+            if after and not os.path.exists(run_dir / "barriers" / f"{after}.release"):
+                return None
+            return 0
+        return node.pid1 if node.alive and node.pid1 else 0
+
+    return schedule_plan.Scheduler(run_dir, plan, seed, [w for w, _, _ in scenario.workers], steps_estimate(scenario),
+                                   node_of, log=log, relative_to=str(jail)).start()
 
 
 def lose_lock(jail: Path, fault: LockFault, holder: str, log) -> None:

@@ -4,7 +4,7 @@ someone reproducing a race, and to the project's tools.
 How this works
 --------------
     gpujail run [--impl NAME|COMMAND] [--backend B] [--expectations FILE] [--cdi-spec FILE] [TEST ...] [-- PYTEST-ARGS]
-    gpujail reproduce SCENARIO [--impl NAME|COMMAND] [--seed N] [--random] [--out DIR] [--cdi-spec FILE]
+    gpujail reproduce SCENARIO [--impl NAME|COMMAND] [--seed N] [--random] [--out DIR] [--cdi-spec FILE] [--schedule S]
     gpujail scenarios [FILE ...]
     gpujail failpoints
     gpujail killmatrix [--template] [--mutants A,B] [--tests PATHS] [--quick]
@@ -125,6 +125,9 @@ def cmd_run(args, pytest_args: list[str]) -> int:
         options.real_cli(options.flag("cli", args.cli))
         options.check_cdi_spec(options.flag("cdi-spec", args.cdi_spec), options.flag("backend", args.backend),
                                options.flag("launcher", args.launcher or ""))
+        args.schedule = options.check_schedule(options.flag("schedule", args.schedule),
+                                               options.flag("backend", args.backend),
+                                               options.flag("launcher", args.launcher or ""))
     except options.CliUnavailable as e:   # a host without the real CLI cannot run that backend
         raise Stop("backend", str(e)) from None
     except options.BadInput as e:
@@ -135,6 +138,12 @@ def cmd_run(args, pytest_args: list[str]) -> int:
 def cmd_reproduce(args) -> int:
     try:
         sc = load_scenario(args.scenario).with_workers(options.check_workers(options.flag("workers", args.workers)))
+    except options.BadInput as e:
+        raise Stop("bad-input", str(e)) from None
+    try:
+        args.schedule = options.check_schedule(options.flag("schedule", args.schedule),
+                                               options.flag("backend", "kernel"),
+                                               options.flag("launcher", args.launcher or ""))
     except options.BadInput as e:
         raise Stop("bad-input", str(e)) from None
     check_impl(args.impl)
@@ -179,6 +188,7 @@ def parser() -> Parser:
     run.add_argument("--jail-fs", default=env["jail-fs"], help=help_of["jail-fs"])
     run.add_argument("--cli", default=env["cli"], choices=list(options.CLI_VARIANTS), help=help_of["cli"])
     run.add_argument("--cdi-spec", default=env["cdi-spec"], metavar="FILE", help=help_of["cdi-spec"])
+    run.add_argument("--schedule", default=env["schedule"], metavar="S", help=help_of["schedule"])
     run.add_argument("--reports", default="reports", help="directory for the reports (default: reports)")
     run.add_argument("-n", "--jobs", default="auto", help="pytest-xdist processes (default: auto)")
     run.add_argument("-m", help="pytest marker expression, e.g. scale for the 128-worker run")
@@ -194,7 +204,12 @@ def parser() -> Parser:
     rep.add_argument("--workers", default=env["workers"], help=help_of["workers"])
     rep.add_argument("--random", action="store_true", help="add the seeded random timing (the '-random-seed+N' tests)")
     rep.add_argument("--out", help="where to keep history, final state and timeline")
+    rep.add_argument("--shrink", action="store_true",
+                     help="with --schedule pct, when the run fails: drop change points and faults while it still "
+                          "fails, print the minimal schedule and the racing pair (docs/scheduler.md)")
     rep.add_argument("--cdi-spec", default=env["cdi-spec"], metavar="FILE", help=help_of["cdi-spec"])
+    rep.add_argument("--schedule", default=env["schedule"], metavar="S",
+                     help=help_of["schedule"] + "; the same seed and schedule replay the same decisions")
     add_launcher_flags(rep, env, help_of)
 
     sc = sub.add_parser("scenarios", help="list the chaos scenarios, one line each (or check scenario files)")

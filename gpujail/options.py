@@ -64,6 +64,10 @@ OPTIONS = [
            "a CDI spec your `nvidia-ctk cdi generate` wrote (YAML or JSON): the worker nodes get the files it names as "
            "their driver, the fake nvidia-ctk prints it, the probes check its mounts, and the implementation is "
            "taken as CDI-mode; kernel backend"),
+    Option("schedule", "GPUJAIL_SCHEDULE", "free",
+           "the chaos runs' interleaving: 'free' (as the kernel schedules the workers), 'random-walk' or "
+           "'pct[:d=DEPTH,k=STEPS]' (every failpoint a scheduling point of the harness's scheduler, seeded by "
+           "--seed, recorded for exact replay; docs/scheduler.md); kernel backend"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
     Option("launcher", "GPUJAIL_LAUNCHER", "",
@@ -318,6 +322,23 @@ def check_cdi_spec(v: Value, backend: Value, launcher: Value | None = None) -> s
         raise BadInput(f"{v.label}: {e}") from None
 
 
+def check_schedule(v: Value, backend: Value | None = None, launcher: Value | None = None) -> str:
+    """--schedule: free, random-walk or pct[:d=D,k=K,changes=A+B]; other than free only on the
+    kernel backend's own nodes (the scheduler's socket is in the run directory every node of this
+    machine sees). Returns the value as the runner reads it."""
+    from gpujail.world import schedule
+    try:
+        plan = schedule.parse(v.text)
+    except schedule.ScheduleError as e:
+        raise BadInput(f"{v.label}: {e}") from None
+    if not plan.free and backend is not None and backend.text != "kernel":
+        raise BadInput(f"{v.label}: needs --backend kernel (given {backend.text!r})")
+    if not plan.free and launcher is not None and launcher.text:
+        raise BadInput(f"{v.label}: not with --launcher ({launcher.text!r}): the scheduler reaches only this "
+                       "machine's nodes")
+    return str(plan)
+
+
 def check_launcher(v: Value) -> str:
     """--launcher: '' (none) or one of gpujail.launchers.NAMES; --nodes with it a count."""
     from gpujail.launchers import NAMES
@@ -389,5 +410,6 @@ def check_all(read) -> tuple[dict[str, Value], dict]:
     check_launcher(values["launcher"])
     launcher_options(values)
     check_cdi_spec(values["cdi-spec"], values["backend"], values["launcher"])
+    check_schedule(values["schedule"], values["backend"], values["launcher"])
     check_impl(values["impl"])
     return values, load_expectations(values["expectations"])

@@ -301,7 +301,10 @@ class Suite:
         jail is on."""
         if self.value("launcher"):
             return launcher_fleet(self.value("launcher"), options.launcher_options(self.values))
-        return on_jail_fs(backend_fleet(self.value("backend")), self.value("jail-fs"))
+        fleet = on_jail_fs(backend_fleet(self.value("backend")), self.value("jail-fs"))
+        if self.value("schedule") != "free":   # --schedule: what the chaos runner reads (chaos/runner.py run)
+            fleet = type(fleet.__name__, (fleet,), {"schedule": self.value("schedule")})
+        return fleet
 
     @pytest.fixture
     def open_world(self, tmp_path, impl, fleet_class):

@@ -73,6 +73,7 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
     print(f"gpujail run: {args.impl} on the {args.backend} backend"
           + (f", jail on {args.jail_fs}" if args.jail_fs != "local" else "")
           + (f", CDI spec {args.cdi_spec}" if getattr(args, "cdi_spec", "") else "")
+          + (f", chaos runs scheduled {args.schedule}" if getattr(args, "schedule", "free") != "free" else "")
           + (f", nodes made by agents of the {args.launcher} launcher" if getattr(args, "launcher", "") else "")
           + (f", expectations {expectations}" if expectations else ", no expectations file"), file=out)
     basetemp = scratch("run")
@@ -80,6 +81,7 @@ def run(args, expectations: str, pytest_args: list[str]) -> int:
             "--impl", args.impl, "--backend", args.backend, "--seed", str(args.seed), "--workers", str(args.workers),
             "--start-timeout", str(args.start_timeout), "--cli", args.cli, "--jail-fs", args.jail_fs,
             *(["--cdi-spec", os.path.abspath(args.cdi_spec)] if getattr(args, "cdi_spec", "") else []),
+            *(["--schedule", args.schedule] if getattr(args, "schedule", "free") != "free" else []),
             "--expectations", expectations, "--gpujail-report", str(paths["json"]), "--junitxml", str(paths["junit"]),
             *(["-m", args.m] if args.m else []), *(["-k", args.k] if args.k else []),
             *[a for name in ("launcher", "nodes", "partition", "account") if getattr(args, name, "")

@@ -24,10 +24,12 @@ def reproduce(args, sc) -> int:
     if args.random:
         sc = sc.randomised()
     safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in args.impl)[:40]
-    out = Path(args.out or f"reports/reproduce/{sc.name}-{safe}-seed{args.seed}")
+    plan = getattr(args, "schedule", "free")
+    scheduled = "" if plan == "free" else "-" + "".join(c if c.isalnum() or c in "-_.+" else "_" for c in plan)
+    out = Path(args.out or f"reports/reproduce/{sc.name}-{safe}-seed{args.seed}{scheduled}")
     term = terminal()
     print(f"gpujail reproduce: scenario {sc.name} ({sc.mode}, {len(sc.workers)} workers) against {args.impl}, "
-          f"seed {args.seed}", file=term)
+          f"seed {args.seed}" + (f", schedule {plan}" if scheduled else ""), file=term)
     tmp = scratch("reproduce")
     watch = HistoryWatch(lambda: [tmp / "run" / "history.jsonl"])
 
@@ -38,7 +40,7 @@ def reproduce(args, sc) -> int:
     progress = Progress(line, term, 1.0 if term.isatty() else 5.0)
     progress.start()
     try:
-        result = runner.run(sc, args.impl, tmp / "run", seed=args.seed, **launched(args, len(sc.workers)))
+        result = runner.run(sc, args.impl, tmp / "run", seed=args.seed, scheduled=plan, **launched(args, len(sc.workers)))
         result.keep(out)
         clocks = keep_clocks(args, tmp / "run", out)
     except KeyboardInterrupt:
@@ -58,6 +60,8 @@ def reproduce(args, sc) -> int:
     if clocks:
         print(f"launcher {args.launcher}: {clocks}", file=term)
     failed, undecided = result.judge()
+    if getattr(args, "shrink", False):
+        shrink(args, sc, result, out, term)
     expected = [i for i, r in result.verdict.results.items() if r.status == "UNKNOWN" and i not in undecided]
     if expected:   # the scenario declares them: say so, since the verdict line says UNKNOWN
         print(f"{', '.join(expected)} UNKNOWN as the scenario expects "
@@ -131,3 +135,104 @@ def keep_clocks(args, run_dir: Path, out: Path) -> str:
     from gpujail.launchers.coordinator import clock_line
     shutil.copy(run_dir / "clocks.json", out / "clocks.json")
     return clock_line(json.loads((out / "clocks.json").read_text()))
+
+
+# -- shrinking a failing pct schedule (issue 29, item 4) ------------------------------------------
+
+def shrink(args, sc, result, out: Path, term) -> None:
+    """Delta-debug a failing `--schedule pct` run: drop PCT change points and the first start's
+    faults (the scenario's schedule for this seed, one `NAME=TERM` of one worker each) one at a
+    time while the run still fails (same seed, same priorities: `pct:...,changes=`), until none
+    can go (1-minimal). Prints the minimal schedule and the racing pair of its violation; keeps its
+    files in OUT/shrunk/ and `shrunk.json`."""
+    import dataclasses
+    import json
+
+    from gpujail.chaos import runner
+    from gpujail.chaos.scenario import Fault
+    if not result.judge()[0]:
+        print("shrink: the run did not fail; nothing to shrink", file=term)
+        return
+    plan = json.loads((out / "schedule.json").read_text()) if (out / "schedule.json").exists() else {}
+    if not str(plan.get("strategy", "")).startswith("pct"):
+        print("shrink: needs --schedule pct (the change points are what it shrinks)", file=term)
+        return
+    k = plan["k"]
+    faults = [("fault", w, entry) for w, spec in sorted(sc.schedule(args.seed).items()) for entry in spec.split(";")]
+    parts = [("change", c) for c in plan["changes"]] + faults
+    kept_faults = [f for f in sc.faults if f.start != 1 or f.failpoint.startswith("syscall.")]
+    runs = 0
+
+    def attempt(subset: list) -> "runner.ChaosRun | None":
+        nonlocal runs
+        runs += 1
+        changes = [p[1] for p in subset if p[0] == "change"]
+        chosen = [Fault(p[1], *p[2].split("=", 1)) for p in subset if p[0] == "fault"]
+        trial = dataclasses.replace(sc, mode="deterministic", fail_rate=0.0, faults=[*chosen, *kept_faults])
+        tmp = scratch("shrink")
+        try:
+            r = runner.run(trial, args.impl, tmp / "run", seed=args.seed,
+                           scheduled=f"pct:k={k},changes={'+'.join(map(str, changes))}")
+            print(f"shrink: try {runs}: {len(changes)} change points, {len(chosen)} faults: "
+                  f"{'fails' if r.judge()[0] else 'passes'}", file=term)
+            if r.judge()[0]:
+                r.keep(out / "shrunk")
+                return r
+            return None
+        finally:
+            remove_tree(tmp)
+
+    best, current = result, list(parts)
+    changed = True
+    while changed:
+        changed = False
+        for part in list(current):
+            r = attempt([p for p in current if p != part])
+            if r is not None:
+                current.remove(part)
+                best, changed = r, True
+    changes = [p[1] for p in current if p[0] == "change"]
+    left = [f"{p[1]} {p[2]}" for p in current if p[0] == "fault"]
+    (out / "shrunk.json").write_text(json.dumps({"seed": args.seed, "k": k, "changes": changes, "faults": left,
+                                                 "runs": runs}, indent=1))
+    print(f"shrunk in {runs} runs to {len(changes)} of {len(plan['changes'])} change points "
+          f"({'+'.join(map(str, changes)) or 'none'}) and {len(left)} of {len(faults)} faults"
+          + (f": {'; '.join(left)}" if left else ""), file=term)
+    pair = racing_pair(best)
+    if pair:
+        print(f"racing pair: {pair}", file=term)
+
+
+def racing_pair(result) -> str | None:
+    """The two steps whose order makes the headline violation, in words: a CLI cleanup's unlink of a
+    placeholder another worker had mounted over before it was probed (the seed bug's shape), with
+    the scheduler's steps of both when the run was scheduled. None when the chain is not of that shape."""
+    from gpujail.world import history
+    events = history.load(str(result.history_path if (result.run_dir / "history.jsonl").exists()
+                              else (result.kept / "history.jsonl")))
+    v = result.verdict
+    unlink = next((e for e in reversed(v.chain) if e["kind"] == "cli.cleanup.unlink"), None)
+    victim = (v.first_violation or {}).get("node")
+    if unlink is None or not victim:
+        return None
+    jail = next((j for j in v.jails if unlink["path"].startswith(j.rstrip("/") + "/")), "")
+    rel = unlink["path"][len(jail.rstrip("/")) + 1:] if jail else unlink["path"]
+    mount = next((e for e in reversed(events) if e["kind"] == "cli.mount" and e["node"] == victim
+                  and e["dst"] == unlink["path"] and e["t"] < unlink["t"]), None)
+    if mount is None:
+        return None
+
+    def step(node: str, names: tuple, before: float) -> str:
+        s = next((e for e in reversed(events) if e["kind"] == "sched.step" and e["worker"] == node
+                  and e["failpoint"] in names and e["path"] == rel and e["t"] < before), None)
+        return f" (step {s['step']}, {s['failpoint']})" if s else ""
+
+    t0 = v.t0
+    made = next((e for e in events if e["kind"] == "cli.create" and e.get("path") == unlink["path"]
+                 and e["t"] < unlink["t"]), None)
+    created = (f", the placeholder {made['node']} created{step(made['node'], ('cli.before_create',), made['t'])} "
+               f"at t={made['t'] - t0:.3f}s" if made else "")
+    return (f"{unlink['node']}'s unlink({rel}) (CLI cleanup{step(unlink['node'], ('cli.before_remove',), unlink['t'])}, "
+            f"t={unlink['t'] - t0:.3f}s) ran after {victim}'s mount({rel}){step(victim, ('cli.before_mount',), mount['t'])}"
+            f" at t={mount['t'] - t0:.3f}s over{created or ' it'}, and before {victim}'s probe at "
+            f"t={v.first_violation['t'] - t0:.3f}s")

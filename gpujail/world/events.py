@@ -119,6 +119,15 @@ _kind("chaos.link", "chaos/runner.py", "path:str target:str barrier:str arrived:
 _kind("chaos.release", "chaos/runner.py", "barrier:str arrived:list stalled:bool?",
       "a barrier opens; `arrived` are the workers that were waiting at it (`stalled`: opened because "
       "every started worker was paused, the first of the scenario's barriers)")
+_kind("sched.begin", "gpujail/world/schedule.py",
+      "strategy:str seed:int workers:list depth:int? k:int? changes:list? priorities:dict?",
+      "a run under --schedule starts its scheduler: the strategy (random-walk, pct:...), the seed, the workers "
+      "scheduled; for pct its depth d, k, the change points and each worker's initial priority")
+_kind("sched.step", "gpujail/world/schedule.py",
+      "step:int worker:str failpoint:str hit:int path:str waiting:list blocked:list",
+      "the scheduler lets `worker` go at its `hit`-th hit of `failpoint` (at `path`, jail-relative), chosen among "
+      "the workers `waiting` at a scheduling point; `blocked`: the live workers that were not (blocked in the "
+      "kernel: a lock wait, a sleep, a barrier); the history's order of these is the order of the decisions")
 _kind("chaos.end", "chaos/runner.py", "",
       "every worker finished; the last probe round is done")
 

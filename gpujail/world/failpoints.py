@@ -39,6 +39,10 @@ simulated one of the model backend; a shell script's `gpujail-failpoint`, anothe
 shell) gets the nearest thing: `stop` pauses (to the other nodes the same: it holds what it holds),
 `kill(write)` kills at the failpoint (recorded as a plain `kill`, so nobody counts it as a torn write).
 
+Under `--schedule` (gpujail/world/schedule.py) every failpoint, armed or not, is also a scheduling
+point: a hit first waits until the harness's scheduler lets this process go (`scheduling_point`,
+counting each failpoint's hits per process), then acts as above.
+
 Every hit of an armed failpoint is recorded in the history (`failpoint` event, with the action), so
 a test can check that what it armed actually fired. A malformed spec or an unknown name raises
 `FailpointSpecError` saying where parsing stopped; callers turn that into one line and exit 1.
@@ -61,6 +65,7 @@ import time
 from gpujail.world import history
 
 ENV, BARRIERS_ENV = "GPUJAIL_FAILPOINTS", "GPUJAIL_BARRIERS"
+SCHEDULER_ENV = "GPUJAIL_SCHEDULER"   # gpujail/world/schedule.py ENV: set only in a run under --schedule
 
 # The registry: every failpoint name, where it sits. One line each; unknown names are an error.
 REGISTRY = {
@@ -253,8 +258,30 @@ def armed() -> dict[str, Failpoint]:
     return current().armed()
 
 
+_scheduled_hits: dict[str, int] = {}   # every failpoint's hits in this process, armed or not (the scheduler's)
+
+
+def scheduling_point(name: str, nth: int | None = None, path: str = "") -> None:
+    """With GPUJAIL_SCHEDULER set (a run under `--schedule`, gpujail/world/schedule.py), failpoint
+    `name` is a scheduling point: wait here until the harness's scheduler lets this process go.
+    `nth`: the hit count when the caller keeps it (a shell script); else this process counts."""
+    address = os.environ.get(SCHEDULER_ENV)
+    if not address or not (current() is _os_process or getattr(current(), "os_process", False)):
+        return   # no scheduler, or a simulated process (the model backend schedules its own)
+    if nth is None:
+        nth = _scheduled_hits[name] = _scheduled_hits.get(name, 0) + 1
+    from gpujail.world import schedule
+    schedule.arrive(address, name, nth, str(path or ""))
+
+
 def hit(name: str, **context) -> None:
-    """Evaluate failpoint `name`. Raises OSError for `return`; may sleep, pause, abort or die."""
+    """Evaluate failpoint `name`. Raises OSError for `return`; may sleep, pause, abort or die.
+    Under a scheduler, first a scheduling point (`scheduling_point`)."""
+    scheduling_point(name, path=context.get("path", ""))
+    _evaluate(name, **context)
+
+
+def _evaluate(name: str, **context) -> None:
     assert name in REGISTRY, name
     process = current()
     fp = process.armed().get(name)
@@ -296,11 +323,12 @@ def replay_hit(name: str, nth: int, **context) -> None:
     """Hit `name` as the `nth` hit of a process that cannot keep the counts itself (a shell script,
     through fixtures/bin/gpujail-failpoint): the earlier hits are evaluated silently first, so N*
     counts and P% draws come out as they would in one long-lived process."""
+    scheduling_point(name, nth, context.get("path", ""))
     fp = current().armed().get(name)
     for _ in range(nth - 1 if fp else 0):
         fp.hits += 1
         _current_term(fp)
-    hit(name, **context)
+    _evaluate(name, **context)
 
 
 def _current_term(fp: Failpoint, start: int = 0) -> Term | None:
