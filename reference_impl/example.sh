@@ -145,10 +145,12 @@ missing() {
 }
 
 # A test hook: the suite's failpoints (`gpujail failpoints`), inert unless GPUJAIL_FAILPOINTS arms
-# NAME; then `gpujail-failpoint` (on PATH beside the fake CLI) may pause, fail or kill this shell.
+# NAME or a run is scheduled (`--schedule`); then `gpujail-failpoint` (on PATH beside the fake CLI)
+# may hold, pause, fail or kill this shell.
 # A vendor script may keep it to let the suite time its races, or drop it.
 failpoint() { # failpoint NAME PATH (hits are counted per process, as in the suite's own code)
-    case ";${GPUJAIL_FAILPOINTS:-}" in *";$1="*) ;; *) return 0 ;; esac
+    [ -n "${GPUJAIL_SCHEDULER:-}" ] ||   # under --schedule every failpoint is a scheduling point
+        case ";${GPUJAIL_FAILPOINTS:-}" in *";$1="*) ;; *) return 0 ;; esac
     fp_hits=$((${fp_hits:-0} + 1))
     gpujail-failpoint "$1" "$fp_hits" "$2" || die 8 "failpoint $1 at $JAIL/$2: injected error"
 }
