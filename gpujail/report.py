@@ -259,6 +259,8 @@ def reproduce_command(test: str, events: list[dict], impl: str) -> str:
     from gpujail.chaos.scenario import names
     if "::test_scenario[" in test and begin.get("scenario") in names():
         flag = " --random" if "-random-seed+" in test else ""
+        sched = next((e for e in events if e.get("kind") == "sched.begin"), None)   # a run under --schedule
+        flag += f" --schedule {shlex.quote(sched['strategy'])}" if sched else ""
         return f"gpujail reproduce {begin['scenario']} --impl {shlex.quote(impl)} --seed {begin.get('seed', 0)}{flag}"
     return f"gpujail run --impl {shlex.quote(impl)} -- {shlex.quote(test)}"
 

@@ -543,3 +543,14 @@ def test_a_long_reason_is_shortened_on_screen_and_kept_whole_in_the_reports(tmp_
     assert f"{paths[5]} and 84 more (all of them: summary.json)\n      second line" in text
     assert paths[6] not in text
     assert all(p in report.write_html(summary, tmp_path / "report.html").read_text() for p in paths)
+
+
+def test_the_reproduce_command_of_a_scheduled_run_names_its_schedule():
+    """Issue 29: a chaos run under --schedule replays only with the same schedule, so report.html's
+    command carries it (the strategy as the scheduler recorded it)."""
+    test = "chaos/test_scenarios.py::test_scenario[cold-race]"
+    events = [{"kind": "chaos.begin", "scenario": "cold-race", "seed": 2}]
+    assert report.reproduce_command(test, events, "legacy") == "gpujail reproduce cold-race --impl legacy --seed 2"
+    events.append({"kind": "sched.begin", "strategy": "pct:d=3,k=268", "seed": 2, "workers": ["w0", "w1"]})
+    assert report.reproduce_command(test, events, "legacy") == \
+        "gpujail reproduce cold-race --impl legacy --seed 2 --schedule pct:d=3,k=268"
