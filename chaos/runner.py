@@ -48,7 +48,7 @@ from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
 
 from gpujail.backends import kernel
-from gpujail.backends.probes import compat_files, gpu_files, lookup_files, soname_files, unanswered
+from gpujail.backends.probes import cdi_mode, compat_files, gpu_files, lookup_files, soname_files, unanswered
 from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
 from gpujail.spec import LOCK
 from gpujail.world import history
@@ -258,6 +258,9 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         except RuntimeError as e:
             log("probe", node=name, results=unanswered(files, f"the probe failed: {e}"))
 
+    def cdi(w: str) -> bool:   # the probes ask a CDI-mode worker for its spec's files (SPEC section 9)
+        return cdi_mode(scenario.impls.get(w, impl), impl)
+
     policy = RestartPolicy(max_restarts=scenario.max_restarts, backoff=0.02)
     if scenario.start_timeout is not None:   # the scenario's own deadline, never longer than the run's
         timeout = min(timeout, scenario.start_timeout) if timeout else scenario.start_timeout
@@ -271,7 +274,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                                 node_options={"layout": scenario.layout})
             if not warm.ready:
                 raise RuntimeError(f"warming the jail failed: {warm.attempts[-1].error_line}")
-            files = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities, scenario.layout)
+            files = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities, scenario.layout, cdi("prewarm"))
             probe("prewarm", warm, files)   # its ready span is judged like any other: it needs evidence
             log("chaos.kill", worker="prewarm", barrier="")   # ends its ready span; no barrier: no fault
             warm.node.kill()
@@ -386,13 +389,12 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         planted: list[str] = []   # jail paths the harness swapped in during the run (not the workers' doing)
         keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log, jail, planted))
         keeper.start()
-        def files_for(version: str) -> list[dict]:
-            return (gpu_files(jail, version, scenario.capabilities, scenario.layout)
-                    + (soname_files(jail, version, scenario.capabilities, scenario.layout) if scenario.probe_sonames else [])
-                    + (lookup_files(jail, version, scenario.capabilities, scenario.layout) if scenario.probe_lookups
-                       else []))
+        def files_for(version: str, w: str) -> list[dict]:
+            args = (jail, version, scenario.capabilities, scenario.layout, cdi(w))
+            return (gpu_files(*args) + (soname_files(*args) if scenario.probe_sonames else [])
+                    + (lookup_files(*args) if scenario.probe_lookups else []))
 
-        probes = {w: files_for(v) for w, _, v in scenario.workers if v}
+        probes = {w: files_for(v, w) for w, _, v in scenario.workers if v}
         if old is not None:
             workers["old"] = old
             probes["old"] = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities)
@@ -429,7 +431,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             raise RuntimeError(f"worker {wid} could not be started: {e}") from e
         probe_ready()
         for name, worker in nemesis_ready.items():   # idle now: their ready spans get their evidence
-            probe(name, worker, files_for(versions[name]))
+            probe(name, worker, files_for(versions[name], name))
         log("chaos.end")
         after = jail_image.snapshot(jail)
     mounts, procs = host_residue(str(jail), str(run_dir / "barriers"))

@@ -8,24 +8,22 @@ import time
 from pathlib import Path
 
 import pytest
-from gpujail.fixtures import BIN, cdi_spec
+from gpujail.fixtures import BIN
 from gpujail.fixtures import jail as jail_image
 
-from gpujail.backends.probes import gpu_files, problems
+from gpujail.backends.probes import CDI_MODE, cdi_mode, gpu_files, problems  # noqa: F401 (CDI_MODE: the suites import it from here)
 from gpujail.contract import BUNDLED
 from gpujail.spec import PLACEHOLDER_MAX
 from gpujail.world.failpoints import Barrier
 
 MARKER_MAX = PLACEHOLDER_MAX   # REF-5 / REF-9
-# The bundled CDI-mode implementations (SPEC section 9). Any other implementation (a vendor's command) is
-# CDI-mode when the run brings a CDI spec (`--cdi-spec FILE`, fixtures/cdi_spec.py).
-CDI_MODE = ("cdi", "cdi-naive")
 
 
 def is_cdi_mode(impl: str) -> bool:
     """Whether `impl` takes its file set from a CDI spec (`nvidia-ctk cdi generate`) instead of
-    `nvidia-container-cli list`: a bundled CDI-mode implementation, or any one run with --cdi-spec."""
-    return impl in CDI_MODE or cdi_spec.active() is not None
+    `nvidia-container-cli list`: a bundled CDI-mode implementation (probes.CDI_MODE, SPEC section 9),
+    or any one run with --cdi-spec."""
+    return cdi_mode(impl)
 
 
 def start_all(world, n: int, prefix: str = "w", **kw) -> list:

@@ -387,6 +387,14 @@ def _(device_specs):
     return _wrap(device_specs, lambda opts, dev_root: device_specs({**opts, "device-id": ["all"]}, dev_root))
 
 
+@mutant("ctk-no-ldcache", "gpujail.fixtures.fake_ctk:_ldcache",
+        "no ld-cache fallback: libraries are searched in the toolkit's fixed search paths only, so an Arch "
+        "host's spec (64-bit libraries in /usr/lib) names none (pkg/lookup/library.go: First(symlinkLocator, "
+        "ldcacheLocator))", "CDI-1", group=FAKES)
+def _(_ldcache):
+    return _wrap(_ldcache, lambda root, pattern: [])
+
+
 @mutant("hook-keeps-files", "gpujail.fixtures.fake_cdi_hook:create_link",
         "create-symlinks leaves a regular file at the link path alone (the toolkit renames its link over "
         "whatever is there)", "CDI-3", group=FAKES)

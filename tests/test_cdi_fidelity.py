@@ -146,6 +146,25 @@ def test_generate_soname_links_of_a_tree_ldconfig_never_ran_on(dev_root, tmp_pat
     assert not any(a.endswith("/libnvidia-ml.so") for a in links), "ldconfig makes no .so link"
 
 
+def test_generate_falls_back_to_the_ld_cache_on_an_arch_host(dev_root):
+    """CDI-1: on an Arch host the 64-bit libraries are in /usr/lib, which is not among the library
+    locator's search paths (pkg/lookup/library.go): the toolkit finds them through the host's ld
+    cache (`First(symlinkLocator, ldcacheLocator)`, pkg/lookup/ldcache.go: 64-bit entries only), so
+    the spec mounts each at /usr/lib/..., the 32-bit ones in /usr/lib32 never."""
+    tree = drivers.materialise(VERSION, layout="arch")
+    r = subprocess.run([str(BIN / "nvidia-ctk"), "cdi", "generate", "--format=json", f"--driver-root={tree}",
+                        f"--dev-root={dev_root}"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    common = json.loads(r.stdout)["containerEdits"]
+    libs = {m["containerPath"]: m["hostPath"] for m in common.get("mounts", []) if ".so." in m["containerPath"]}
+    want = {f.path for f in drivers.catalogue(VERSION, "arch") if f.kind == "library"}
+    assert set(libs) == want, f"the spec names {sorted(libs)[:3]}..., not the 64-bit libraries in /usr/lib"
+    assert libs[f"/usr/lib/libnvidia-ml.so.{VERSION}"] == f"{tree}/usr/lib/libnvidia-ml.so.{VERSION}"
+    assert common["env"][0] == "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib"
+    ldcache = next(h for h in common["hooks"] if h["args"][1] == "update-ldcache")
+    assert ldcache["args"][2:] == ["--folder", "/usr/lib"]
+
+
 def test_yaml_scalars_quoted_as_yaml_v3_does():
     """CDI-1: what would read back as another type is double-quoted, flags and paths stay plain."""
     assert [fake_ctk._scalar(v) for v in ("0", "--link", "/dev/nvidia0", "true", "", "a: b", "550.54.15", 195)] == \
