@@ -15,18 +15,35 @@ from gpujail.spec import LOCK as PLACEHOLDER_LOCK
 from .queries import Run, node_of
 from .results import UNKNOWN, InvariantResult, Violation
 
+CUTS = ("impl.start", "impl.exit", "node.up", "worker.start", "worker.restart")   # where an implementation run ends
 
-def impl_runs(run: Run) -> list[list[dict]]:
-    """Each node's events cut into implementation runs at impl.start, impl.exit and restarts."""
-    cuts = ("impl.start", "impl.exit", "node.up", "worker.start", "worker.restart")
+
+def impl_runs(run: Run, events: list[dict] | None = None) -> list[list[dict]]:
+    """Each node's events (`events`, default the whole run's) cut into implementation runs at
+    impl.start, impl.exit and restarts."""
     runs: dict[str, list[list[dict]]] = {}
-    for e in run.events:
+    for e in run.events if events is None else events:
         node = node_of(e)
         parts = runs.setdefault(node, [[]])
-        if e.get("kind") in cuts:
+        if e.get("kind") in CUTS:
             parts.append([])
         parts[-1].append(e)
     return [part for parts in runs.values() for part in parts if part]
+
+
+def holds_lock(run: Run, node: str, t: float, lock: str = PLACEHOLDER_LOCK) -> bool:
+    """`node` held `lock` at time `t` by its own record (acquired and not released in its current
+    implementation run); an uninstrumented implementation (no impl.begin: a vendor's script) is
+    taken at its failpoint's word: the scenario arms the fault where it holds the lock."""
+    events = [e for e in run.node_events(node) if e["t"] <= t]
+    if not any(e.get("kind") == "impl.begin" for e in events):
+        return True
+    current = (impl_runs(run, events) or [[]])[-1]
+    held = False
+    for e in current:
+        if e.get("kind") in ("impl.lock.acquired", "impl.lock.released") and e.get("lock", lock) == lock:
+            held = e["kind"] == "impl.lock.acquired"
+    return held
 
 
 def check_warm_locks(run: Run) -> InvariantResult:

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from gpujail.spec import LOCK as PLACEHOLDER_LOCK
 
 from .content import ready_spans
+from .locks import holds_lock
 from .queries import Run, driver_versions, node_of
 
 
@@ -129,27 +130,9 @@ def _release_after(run: Run, barrier: str | None, t: float) -> float:
                default=float("inf"))
 
 
-def _holds_lock(run: Run, node: str, t: float, lock: str = PLACEHOLDER_LOCK) -> bool:
-    """`node` held `lock` at time `t` by its own record (acquired, not yet released, in the same
-    implementation run); an uninstrumented implementation (no impl.begin: a vendor's script) is
-    taken at its failpoint's word: the scenario arms the fault where it holds the lock."""
-    events = [e for e in run.node_events(node) if e["t"] <= t]
-    if not any(e.get("kind") == "impl.begin" for e in events):
-        return True
-    held = False
-    for e in events:
-        if e.get("kind") in ("impl.start", "impl.exit", "worker.start", "worker.restart"):
-            held = False
-        elif e.get("kind") == "impl.lock.acquired" and e.get("lock", lock) == lock:
-            held = True
-        elif e.get("kind") == "impl.lock.released" and e.get("lock", lock) == lock:
-            held = False
-    return held
-
-
 def stopped_holder(run: Run) -> tuple[bool, str]:
     for e in run.of("failpoint"):
-        if e.get("action") != "stop" or not _holds_lock(run, node_of(e), e["t"]):
+        if e.get("action") != "stop" or not holds_lock(run, node_of(e), e["t"]):
             continue
         resumed = _release_after(run, e.get("arg"), e["t"])
         for x in run.of("worker.exit"):
@@ -162,7 +145,7 @@ def stopped_holder(run: Run) -> tuple[bool, str]:
 def lock_lost(run: Run) -> tuple[bool, str]:
     for f in run.of("chaos.lock_fault"):
         holder, lock = f.get("holder"), f.get("lock", PLACEHOLDER_LOCK)
-        if not _holds_lock(run, holder, f["t"], lock):
+        if not holds_lock(run, holder, f["t"], lock):
             continue
         goes_on = _release_after(run, f.get("barrier"), f["t"])
         for x in run.of("impl.lock.acquired", "worker.ready"):
