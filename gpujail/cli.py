@@ -138,9 +138,6 @@ def cmd_run(args, pytest_args: list[str]) -> int:
 def cmd_reproduce(args) -> int:
     try:
         sc = load_scenario(args.scenario).with_workers(options.check_workers(options.flag("workers", args.workers)))
-    except options.BadInput as e:
-        raise Stop("bad-input", str(e)) from None
-    try:
         args.schedule = options.check_schedule(options.flag("schedule", args.schedule),
                                                options.flag("backend", "kernel"),
                                                options.flag("launcher", args.launcher or ""))
