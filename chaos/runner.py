@@ -340,7 +340,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                     Barrier(scenario.start_after[wid], str(run_dir / "barriers")).wait_released()
                 workers[wid] = start_worker(
                     fleet, wid, scenario.impls.get(wid, impl), role=role, version=version, policy=policy,
-                    capabilities=scenario.capabilities,
+                    capabilities=scenario.capabilities_of(wid),
                     env=contract,
                     first_attempt_env=first_env.get(wid),
                     attempt_env={a: {"GPUJAIL_FAILPOINTS": spec} for a, spec in restarts.get(wid, {}).items()},
@@ -390,7 +390,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log, jail, planted))
         keeper.start()
         def files_for(version: str, w: str) -> list[dict]:
-            args = (jail, version, scenario.capabilities, scenario.layout, cdi(w))
+            args = (jail, version, scenario.capabilities_of(w), scenario.layout, cdi(w))
             return (gpu_files(*args) + (soname_files(*args) if scenario.probe_sonames else [])
                     + (lookup_files(*args) if scenario.probe_lookups else []))
 

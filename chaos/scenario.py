@@ -49,6 +49,8 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     barrier = "hold"
     start_after = { w1 = "creator" }   # the harness starts w1 only once barrier "creator" is released
     impls = { w1 = "legacy" }  # a worker running another implementation than the run's (a fleet half migrated)
+    capabilities = "compute,utility"   # NVIDIA_DRIVER_CAPABILITIES of every start ...
+    worker_capabilities = { w1 = "graphics,display,utility" }   # ... or of this worker's (jobs asking for others)
     lock_faults = [{ barrier = "resume", fault = "remove" }]   # the placeholder lock file removed ("replace":
                                # a new file renamed over it) when someone arrives at the barrier: a lock lost
                                # while its holder lives (a lost NFS lease, a cleanup job, an image sync)
@@ -79,7 +81,7 @@ KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "ver
         "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "layout", "jail_symlink",
         "hostile_links",
         "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults",
-        "start_after", "impls", "lock_faults", "start_timeout", "populate_at", "swapped_links"}
+        "start_after", "impls", "worker_capabilities", "lock_faults", "start_timeout", "populate_at", "swapped_links"}
 
 
 class ScenarioError(ValueError):
@@ -160,6 +162,7 @@ class Scenario:
     net_faults: list = field(default_factory=list)   # faults only a network jail has (jailfs.NetFault)
     start_after: dict[str, str] = field(default_factory=dict)   # worker -> the barrier whose release starts it
     impls: dict[str, str] = field(default_factory=dict)   # worker -> its implementation, if not the run's
+    worker_capabilities: dict[str, str] = field(default_factory=dict)   # worker -> its capabilities, if not `capabilities`
     lock_faults: list[LockFault] = field(default_factory=list)   # the lock lost under its holder, at a barrier
     start_timeout: float | None = None   # each start's deadline here (None: the run's)
     populate_at: str = ""        # the populate-jail cleanup run on the live jail when this barrier opens
@@ -174,6 +177,10 @@ class Scenario:
         out += [(f"cpu{i}", "cpu-worker", None) for i in range(self.cpu_workers)]
         out += [(f"login{i}", "login", None) for i in range(self.login_nodes)]
         return out
+
+    def capabilities_of(self, worker: str) -> str:
+        """NVIDIA_DRIVER_CAPABILITIES of this worker's starts (a fleet whose jobs ask for different ones)."""
+        return self.worker_capabilities.get(worker, self.capabilities)
 
     def with_workers(self, n: int) -> "Scenario":
         """This scenario with `n` GPU workers (--workers), unless it pins its own count."""
@@ -309,8 +316,15 @@ def load(source: str | Path) -> Scenario:
         raise ScenarioError(f"{path}: populate_at: no barrier {scenario.populate_at!r}")
     if scenario.start_timeout is not None and not 0 < scenario.start_timeout < float("inf"):
         raise ScenarioError(f"{path}: start_timeout must be a positive number of seconds")
+    from gpujail.fixtures.nvc_info import CAPABILITIES
+    for who, caps in [("", scenario.capabilities), *scenario.worker_capabilities.items()]:
+        bad = [c for c in caps.split(",") if c.strip() not in (*CAPABILITIES, "all")]
+        if bad:
+            raise ScenarioError(f"{path}: {'worker_capabilities.' + who if who else 'capabilities'}: unknown "
+                                f"capability {bad[0]!r} (known: {', '.join(CAPABILITIES)}, all)")
     ids = {w for w, _, _ in scenario.workers}
-    for who in [f.worker for f in faults if f.worker != "*"] + [k.worker for k in kills if k.worker != "*"]:
+    for who in ([f.worker for f in faults if f.worker != "*"] + [k.worker for k in kills if k.worker != "*"]
+                + list(scenario.worker_capabilities)):
         if who not in ids:
             raise ScenarioError(f"{path}: no worker {who!r} (workers are {', '.join(sorted(ids))})")
     return scenario

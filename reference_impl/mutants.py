@@ -105,6 +105,17 @@ def _atomic_rename_markers(core):
     _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=_RenamingMarkers(ctx.sys)))
 
 
+def _markers_for_default_capabilities(core):
+    """Markers only for what the usual job (compute,utility) mounts, whatever this start asks for: a
+    script written on compute nodes. A job asking for graphics gets the CLI's 0-byte placeholders."""
+    def usual_only(ensure):
+        def markers(ctx, pairs):
+            usual = set(core.for_capabilities(dataclasses.replace(ctx, capabilities="compute,utility"), pairs))
+            return ensure(ctx, [p for p in pairs if p in usual or p[1] in ctx.sonames])   # REF-12's links kept
+        return markers
+    _wrap(core, "ensure_placeholders", usual_only)
+
+
 def _host_mode_not_copied(core):
     # Only create_markers uses stat.S_IMODE: every marker gets 0644 whatever the host file's mode.
     fixed = {**{k: getattr(core.stat, k) for k in dir(core.stat) if k.startswith("S_")}, "S_IMODE": lambda mode: 0o644}
@@ -405,6 +416,9 @@ MUTANTS = {
     "atomic-rename-markers": ("markers written to a temporary file and renamed into place: where the lock did not "
                               "serialise, the rename replaces another node's marker and the mounts on it",
                               _atomic_rename_markers),
+    "markers-for-default-capabilities": ("markers only for what compute,utility mounts: a worker asking for "
+                                         "graphics or compat32 gets the CLI's 0-byte placeholders",
+                                         _markers_for_default_capabilities),
     "host-mode-not-copied": ("markers created 0644 instead of the host file's mode: the CLI then re-creates them",
                              _host_mode_not_copied),
     "recreate-markers": ("existing placeholders re-created (unlink + write) on every start", _recreate_markers),

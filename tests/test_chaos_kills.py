@@ -23,6 +23,7 @@ KILLS = [
     ("lock-lost", "mutant:atomic-rename-markers", "INV-1"),        # the resumed holder renames over a live marker
     ("lock-holder-stopped", "mutant:unbounded-lock-wait", "INV-2"),  # waiters hang behind the stopped holder
     ("links-swapped", "mutant:jail-checked-once", "INV-3"),        # checked at the start, followed after the swap
+    ("mixed-capabilities", "mutant:markers-for-default-capabilities", "INV-1"),   # graphics libraries left to the CLI
 ]
 
 
