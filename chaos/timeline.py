@@ -14,7 +14,10 @@ Behind the markers, a lane is tinted blue while its worker is starting and green
 
 The verdict is drawn on top: the first violating event gets a red ring and the invariant's name,
 the causal chain's events get numbered dark rings joined by red arrows ending at the violation,
-and every other violating event gets a thin red ring.
+and every other violating event gets a thin red ring. When the violation has the seed bug's shape,
+its racing pair (chaos/checkers/queries.py `racing_pair`, the pair `gpujail reproduce --shrink`
+prints) gets blue rings: the victim's mount and, joined to it by a blue arrow, the other worker's
+cleanup unlink that ran after it, labelled in a few words; hovering them shows the pair in words.
 
 A 128-worker run must stay small, so each lane is capped (`MAX_MARKERS`, fewer when there are
 many lanes: `TOTAL_MARKERS` for the whole picture): routine events (intact probes, CLI
@@ -31,6 +34,7 @@ import re
 from pathlib import Path
 
 from gpujail.chaos.checker import UNKNOWN, Verdict, describe, is_bad, node_of
+from gpujail.chaos.checkers.queries import RacingPair, racing_pair
 
 LEFT, RIGHT, TOP, BOTTOM = 130, 60, 50, 24     # margins around the plot (px)
 PLOT_W, LANE_H = 1100, 20
@@ -60,9 +64,15 @@ SVG_CSS = (" .m:hover {stroke:#000;stroke-width:1.5} .grid {stroke:#eee} .lane-l
            " .chain {stroke:#d50000;stroke-width:1.6;stroke-dasharray:4 3;fill:none}"
            " .vring {fill:none;stroke:#d50000;stroke-width:2.5} .oring {fill:none;stroke:#d50000;stroke-width:1}"
            " .cring {fill:none;stroke:#000;stroke-width:1.2} .bad-lane {fill:#c62828;font-weight:bold}"
-           " text.num {font-size:9px}")
+           " text.num {font-size:9px}"
+           " .pring {fill:none;stroke:#2962ff;stroke-width:2.2} .pair {stroke:#2962ff;stroke-width:1.8}"
+           " .pair-label {fill:#2962ff;font-weight:bold;stroke:#fff;stroke-width:3;paint-order:stroke}")
 ARROW = ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-         'orient="auto-start-reverse"><path d="M0,0L10,5L0,10Z" fill="#d50000"/></marker></defs>')
+         'orient="auto-start-reverse"><path d="M0,0L10,5L0,10Z" fill="#d50000"/></marker>'
+         '<marker id="pair-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+         'orient="auto"><path d="M0,0L10,5L0,10Z" fill="#2962ff"/></marker></defs>')
+PAIR_R = 10                                    # the racing pair's rings (px)
+CHAR_PX = 6.2                                  # rough width of a character at the SVG's 11px font
 ROUTINE = {"probe-ok", "fp-off", "cli", "impl", "node", "other"}
 KEPT_IMPL = ("impl.begin", "impl.ready", "impl.placeholders", "impl.lock.wait")   # evidence for INV-4
 
@@ -218,7 +228,9 @@ def svg(history: list[dict], verdict: Verdict | None = None, max_markers: int | 
     violation = verdict.first_violation if verdict else None
     chain = list(verdict.chain) if verdict else []
     others = [v.event for v in verdict.violations() if v.event] if verdict else []
-    pinned = {_key(e) for e in chain + others + ([violation] if violation else [])}
+    pair = racing_pair(events, verdict) if violation else None
+    pinned = {_key(e) for e in chain + others + ([violation] if violation else [])
+              + ([pair.mount, pair.unlink] if pair else [])}   # their own markers, under their rings
     bad_nodes = {node_of(e) for e in others}
 
     out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -277,6 +289,8 @@ def svg(history: list[dict], verdict: Verdict | None = None, max_markers: int | 
                        f'{esc(describe(e, t0, jails))}</title><circle class="cring" cx="{ex:.1f}" cy="{ey:.1f}" r="8"/>'
                        f'<text class="num" x="{ex + 6 - 12 * (i % 2):.1f}" y="{ey - 8:.1f}" '
                        f'text-anchor="middle">{i}</text></g>')   # alternate sides: chains bunch up
+        if pair:
+            out.append(_pair_marks(pair, pos(pair.mount), pos(pair.unlink), width))
         vx, vy = pos(violation)
         out.append(f'<g id="violation" data-invariant="{esc(verdict.invariant)}"><title>{esc(verdict.explanation)}'
                    f'</title><circle class="vring" cx="{vx:.1f}" cy="{vy:.1f}" r="10"/>'
@@ -284,6 +298,28 @@ def svg(history: list[dict], verdict: Verdict | None = None, max_markers: int | 
                    f'{esc(verdict.invariant)}</text></g>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _pair_marks(pair: RacingPair, mount: tuple[float, float], unlink: tuple[float, float], width: int) -> str:
+    """The racing pair: a ring on each event, an arrow from the mount to the unlink that ran after it
+    (ring edge to ring edge, when the rings are apart), and a short label above the upper of the two
+    (after the later event, or before the earlier one when it would run off the picture)."""
+    (ax, ay), (bx, by) = mount, unlink
+    parts = [f'<circle class="pring" cx="{ax:.1f}" cy="{ay:.1f}" r="{PAIR_R}"/>',
+             f'<circle class="pring" cx="{bx:.1f}" cy="{by:.1f}" r="{PAIR_R}"/>']
+    d = math.hypot(bx - ax, by - ay)
+    if d > 2 * PAIR_R + 4:
+        ux, uy = (bx - ax) / d * PAIR_R, (by - ay) / d * PAIR_R
+        parts.append(f'<line class="pair" x1="{ax + ux:.1f}" y1="{ay + uy:.1f}" x2="{bx - ux:.1f}" y2="{by - uy:.1f}" '
+                     'marker-end="url(#pair-arrow)"/>')
+    label = pair.label()
+    ly = min(ay, by) - PAIR_R - 2
+    lx, anchor = max(ax, bx) + PAIR_R + 4, "start"
+    if lx + len(label) * CHAR_PX > width:
+        lx, anchor = min(ax, bx) - PAIR_R - 4, "end"
+    parts.append(f'<text class="pair-label" x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}">{esc(label)}</text>')
+    return (f'<g id="racing-pair" data-victim="{esc(pair.victim)}" data-remover="{esc(pair.remover)}">'
+            f'<title>racing pair: {esc(pair.words())}</title>{"".join(parts)}</g>')
 
 
 LEGEND_CSS = (".key {margin-right: 1.2em; font-size: 12px; white-space: nowrap}\n"
@@ -295,7 +331,8 @@ def legend() -> str:
     keys = " ".join(f'<span class="key"><span class="sw" style="background:{STYLE[c][0]}"></span>{esc(text)}</span>'
                     for c, text in LEGEND)
     return (f'<div class="legend">{keys} <span class="key">red ring: violation; numbered rings and red arrows: its '
-            'causal chain; hover a marker for the event</span></div>')
+            'causal chain; hover a marker for the event</span> <span class="key">blue rings and arrow: the racing '
+            "pair, another worker's cleanup unlink after the victim's mount</span></div>")
 
 
 def render(history: list[dict], verdict: Verdict | None, path, max_markers: int | None = None) -> Path:

@@ -415,6 +415,7 @@ def test_html_report(tmp_path):
     svgs = re.findall(r"<svg\b.*?</svg>", page, re.DOTALL)
     assert len(svgs) == 1
     assert ET.fromstring(svgs[0]).find(".//{http://www.w3.org/2000/svg}g[@id='violation']") is not None
+    assert ET.fromstring(svgs[0]).find(".//{http://www.w3.org/2000/svg}g[@id='racing-pair']") is not None
     text = report.text(summary)
     assert "3 tests, 2 passed, 1 failed" in text and " !INV-1" in text
     assert f"{COLD_RACE} (failed)\n      AssertionError: scenario cold-race" in text   # the whole reason, indented

@@ -12,6 +12,7 @@ a scheduling point of the harness's scheduler when a chaos run is given `--sched
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
 import signal
@@ -242,7 +243,8 @@ def test_a_shell_implementations_failpoints_are_scheduling_points(tmp_path, kern
 @pytest.mark.kernel
 def test_shrink_keeps_one_fault_and_names_the_racing_pair(tmp_path, kernel_ok):
     """`reproduce --schedule pct --shrink` on a failing seed: change points and faults dropped while
-    the run still fails; what is left still fails, and the racing pair is printed in words."""
+    the run still fails; what is left still fails, and the racing pair is printed in words and
+    marked on the shrunk run's timeline picture, in the same words."""
     r = _gpujail(tmp_path, "reproduce", "cold-race-random", "--impl", "legacy", "--workers", "2", "--seed", "4",
                  "--schedule", "pct", "--shrink", "--out", str(tmp_path / "out"))
     assert r.returncode == cli.EXIT["failed"], r.stdout + r.stderr
@@ -251,3 +253,5 @@ def test_shrink_keeps_one_fault_and_names_the_racing_pair(tmp_path, kernel_ok):
     pair = next(ln for ln in r.stdout.splitlines() if ln.startswith("racing pair: "))
     assert "unlink(" in pair and "(CLI cleanup" in pair and "mount(" in pair and "probe" in pair, pair
     assert (tmp_path / "out" / "shrunk" / "history.jsonl").exists()
+    picture = (tmp_path / "out" / "shrunk" / "timeline.html").read_text()
+    assert 'id="racing-pair"' in picture and f"<title>{html.escape(pair)}</title>" in picture

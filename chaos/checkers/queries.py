@@ -18,11 +18,17 @@ regular file there, SPEC CDI-3), then, in that CLI process (same node and pid, a
 the harness's `chaos.fault` that armed that failpoint; for a rename, the `cdi.hook` that made it.
 `describe` prints one event on one line;
 times are seconds since the history's first event.
+
+The racing pair of a violation of the seed bug's shape (`racing_pair`) is read from its chain: the
+cleanup's unlink that removed the file, the victim's mount of that path before it, who created
+the placeholder, and the scheduler's step of each when the run was scheduled. `gpujail reproduce
+--shrink` prints it in words and the timeline picture marks it, both from this one finder.
 """
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 
 from gpujail.backends.probes import NO_RESULT
 from gpujail.spec import PLACEHOLDER_MAX
@@ -312,3 +318,82 @@ def cause_text(run: Run, removal: dict) -> str:
                 f"{removal.get('target')} at {run.at(removal)}")
     return f"worker {who}'s CLI cleanup unlinked it at {run.at(removal)}"
 
+
+# -- the racing pair of the seed bug ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RacingPair:
+    """The two steps whose order makes the headline violation: another worker's CLI cleanup
+    `unlink`ed the placeholder the victim had `mount`ed over, before the victim's `probe`."""
+    unlink: dict
+    mount: dict
+    probe: dict                      # the violation
+    path: str                        # jail-relative
+    created: dict | None = None      # the first `cli.create` of the placeholder before the unlink
+    steps: dict[str, dict] = field(default_factory=dict)   # "unlink", "mount", "created": its sched.step
+    t0: float = 0.0
+
+    @property
+    def victim(self) -> str:
+        return node_of(self.probe)
+
+    @property
+    def remover(self) -> str:
+        return node_of(self.unlink)
+
+    def step(self, which: str) -> str:
+        """` (step N, failpoint)` when the run was scheduled, else ''."""
+        s = self.steps.get(which)
+        return f" (step {s['step']}, {s['failpoint']})" if s else ""
+
+    def at(self, event: dict) -> str:
+        return f"t={event['t'] - self.t0:.3f}s"
+
+    def words(self) -> str:
+        """The pair in one sentence (what `gpujail reproduce --shrink` prints after `racing pair: `)."""
+        made = self.created
+        over = (f", the placeholder {node_of(made)} created{self.step('created')} at {self.at(made)}" if made
+                else " it")
+        return (f"{self.remover}'s unlink({self.path}) (CLI cleanup{self.step('unlink')}, "
+                f"{self.at(self.unlink)}) ran after {self.victim}'s mount({self.path}){self.step('mount')} "
+                f"at {self.at(self.mount)} over{over}, and before {self.victim}'s probe at {self.at(self.probe)}")
+
+    def label(self) -> str:
+        """The pair in a few words, for the picture."""
+        def one(who: str, what: str, which: str) -> str:
+            s = self.steps.get(which)
+            return f"{who} {what}" + (f" (step {s['step']})" if s else "")
+        return (f"racing pair: {one(self.remover, 'unlink', 'unlink')} after "
+                f"{one(self.victim, 'mount', 'mount')} of {os.path.basename(self.path)}")
+
+
+def racing_pair(history: list[dict], verdict) -> RacingPair | None:
+    """The racing pair of `verdict` (a chaos.checker.Verdict of `history`): the last CLI cleanup
+    unlink of its chain, and the victim's latest mount of that same path before it. None when the
+    run is valid or its violation is not of the seed bug's shape (no cleanup unlink in its chain, no
+    such mount)."""
+    probe = verdict.first_violation
+    unlink = next((e for e in reversed(verdict.chain) if e.get("kind") == "cli.cleanup.unlink"), None)
+    if unlink is None or not probe or not probe.get("node"):
+        return None
+    victim = probe["node"]
+    events = sorted(history, key=lambda e: e.get("t", 0.0))
+    before = [e for e in events if e.get("t", 0.0) < unlink["t"]]
+    mount = next((e for e in reversed(before) if e.get("kind") == "cli.mount" and e.get("node") == victim
+                  and e.get("dst") == unlink["path"]), None)
+    if mount is None:
+        return None
+    rel = relative(unlink["path"], verdict.jails)
+    made = next((e for e in before if e.get("kind") == "cli.create" and e.get("path") == unlink["path"]), None)
+
+    def step(event: dict | None, failpoint: str) -> dict | None:
+        """The scheduler's release of this event's worker at `failpoint` on this path just before it."""
+        if event is None:
+            return None
+        return next((e for e in reversed(before) if e.get("kind") == "sched.step" and e.get("worker") == event["node"]
+                     and e.get("failpoint") == failpoint and e.get("path") == rel and e["t"] < event["t"]), None)
+
+    steps = {which: s for which, s in (("unlink", step(unlink, "cli.before_remove")),
+                                       ("mount", step(mount, "cli.before_mount")),
+                                       ("created", step(made, "cli.before_create"))) if s}
+    return RacingPair(unlink, mount, probe, rel, made, steps, verdict.t0)

@@ -206,33 +206,11 @@ def shrink(args, sc, result, out: Path, term) -> None:
 def racing_pair(result) -> str | None:
     """The two steps whose order makes the headline violation, in words: a CLI cleanup's unlink of a
     placeholder another worker had mounted over before it was probed (the seed bug's shape), with
-    the scheduler's steps of both when the run was scheduled. None when the chain is not of that shape."""
+    the scheduler's steps of both when the run was scheduled. None when the chain is not of that
+    shape. The finding is chaos/checkers/queries.py's, which the timeline picture marks too."""
+    from gpujail.chaos.checkers.queries import racing_pair as find
     from gpujail.world import history
     events = history.load(str(result.history_path if (result.run_dir / "history.jsonl").exists()
                               else (result.kept / "history.jsonl")))
-    v = result.verdict
-    unlink = next((e for e in reversed(v.chain) if e["kind"] == "cli.cleanup.unlink"), None)
-    victim = (v.first_violation or {}).get("node")
-    if unlink is None or not victim:
-        return None
-    jail = next((j for j in v.jails if unlink["path"].startswith(j.rstrip("/") + "/")), "")
-    rel = unlink["path"][len(jail.rstrip("/")) + 1:] if jail else unlink["path"]
-    mount = next((e for e in reversed(events) if e["kind"] == "cli.mount" and e["node"] == victim
-                  and e["dst"] == unlink["path"] and e["t"] < unlink["t"]), None)
-    if mount is None:
-        return None
-
-    def step(node: str, names: tuple, before: float) -> str:
-        s = next((e for e in reversed(events) if e["kind"] == "sched.step" and e["worker"] == node
-                  and e["failpoint"] in names and e["path"] == rel and e["t"] < before), None)
-        return f" (step {s['step']}, {s['failpoint']})" if s else ""
-
-    t0 = v.t0
-    made = next((e for e in events if e["kind"] == "cli.create" and e.get("path") == unlink["path"]
-                 and e["t"] < unlink["t"]), None)
-    created = (f", the placeholder {made['node']} created{step(made['node'], ('cli.before_create',), made['t'])} "
-               f"at t={made['t'] - t0:.3f}s" if made else "")
-    return (f"{unlink['node']}'s unlink({rel}) (CLI cleanup{step(unlink['node'], ('cli.before_remove',), unlink['t'])}, "
-            f"t={unlink['t'] - t0:.3f}s) ran after {victim}'s mount({rel}){step(victim, ('cli.before_mount',), mount['t'])}"
-            f" at t={mount['t'] - t0:.3f}s over{created or ' it'}, and before {victim}'s probe at "
-            f"t={v.first_violation['t'] - t0:.3f}s")
+    pair = find(events, result.verdict)
+    return pair.words() if pair else None
