@@ -29,7 +29,6 @@ file (everyone, append-only).
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import threading
@@ -37,11 +36,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpujail.chaos import checker, timeline
+from gpujail.chaos import checker, nemesis, timeline
 from gpujail.chaos.checkers import cells as fault_cells
 from gpujail.chaos.checkers import windows as fault_windows
 from gpujail.chaos.checkers.content import NOBODY_READY
-from gpujail.chaos.scenario import SYSCALL, LockFault, Scenario, SwappedLink
+from gpujail.chaos.scenario import SYSCALL, Scenario
 from gpujail.fixtures import jail as jail_image
 from gpujail.fixtures import syscall_faults
 from gpujail.fixtures.drivers import DEFAULT_VERSION
@@ -49,8 +48,7 @@ from gpujail.reference_impl import core
 
 from gpujail.backends import kernel
 from gpujail.backends.probes import cdi_mode, compat_files, gpu_files, lookup_files, soname_files, unanswered
-from gpujail.contract import RestartPolicy, Worker, command_for, start_worker
-from gpujail.spec import LOCK
+from gpujail.contract import RestartPolicy, Worker, start_worker
 from gpujail.world import history
 from gpujail.world import schedule as schedule_plan
 from gpujail.world.failpoints import Barrier
@@ -136,84 +134,6 @@ class ChaosRun:
                 f"{self.verdict.summary()}{note}" + (f"\nfault windows:{opened}" if opened else "") + where)
 
 
-def dress_as_reused(jail: Path) -> None:
-    """What an earlier cluster leaves: markers, old 0-byte placeholders and the flag."""
-    lib = jail / "usr/lib/x86_64-linux-gnu"
-    (lib / "libcuda.so.550.54.15").write_bytes(core.MARKER)
-    (lib / "libnvidia-ml.so.550.54.15").write_bytes(b"")
-    (jail / core.FLAG).touch()
-
-
-def _ldconfig_nemesis(scenario: Scenario, fleet, jail: Path, impl: str, done: threading.Event, log,
-                      name: str = "ldconfig-node", ready: dict | None = None) -> None:
-    """Run `ldconfig -r JAIL` again and again until `done` (every worker finished), and once more:
-    from a node that sees none of the mounts (view blind: the lock winner of PR #2682) or from a GPU
-    node of its own (view gpu: a node re-running ldconfig on the shared jail, PR #2621), holding the
-    jail's ldconfig lock if asked. Its own node only: a node serves one request at a time, and the
-    probes use the others: a ready GPU nemesis goes into `ready`, for the last probe round (its
-    ready span needs evidence like any other). Two lock-holding nemeses (`nodes = 2`) hand the lock to each other with
-    no gap: one always waits in flock while the other holds it."""
-    cfg = scenario.ldconfig
-    if cfg.get("view") == "gpu":
-        w = start_worker(fleet, name, impl, version=cfg.get("version", DEFAULT_VERSION),
-                         capabilities=scenario.capabilities,
-                         policy=RestartPolicy(max_restarts=scenario.max_restarts, backoff=0.02))
-        if not w.ready:   # its node is gone (e.g. legacy's own cold race): no ldconfig, so the window stays shut
-            return
-        node = w.node
-        if ready is not None:
-            ready[name] = w
-    else:
-        node = fleet.start(name, role="cpu-worker", version=None)
-    lock = jail / core.LDCONFIG_LOCK
-    argv = [jail_image.find_ldconfig(), "-r", str(jail)]
-    if cfg.get("hold_lock"):   # the lock winner: holds the lock for its run (and `hold` seconds more)
-        argv = ["flock", str(lock), "sh", "-c", f'"$0" "$@" && sleep {float(cfg.get("hold", 0))}', *argv]
-    every = float(cfg.get("every", 0.05))
-    while True:
-        finished = done.is_set()
-        r = node.run(argv)
-        log("chaos.ldconfig", node=name, view=cfg.get("view"), code=r.code)   # its node: not a window of its own
-        if finished:
-            break
-        time.sleep(every)
-
-
-def _wait_until_held(lock: Path, nemeses: list[threading.Thread], timeout: float = 60.0) -> bool:
-    """True once someone holds `lock` (flock, tried without waiting and let go at once), False if
-    the nemesis ended or the time ran out first: the blind winner has the ldconfig lock before any
-    worker starts, so the workers meet it busy."""
-    deadline = time.monotonic() + timeout
-    while any(t.is_alive() for t in nemeses) and time.monotonic() < deadline:
-        try:
-            fd = os.open(lock, os.O_RDONLY)
-        except FileNotFoundError:   # the nemesis's flock creates it
-            time.sleep(0.005)
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        time.sleep(0.005)
-    return False
-
-
-def populate_job(fleet, jail: Path, impl: str, name: str = "populate") -> None:
-    """The populate-jail cleanup (REF-9) run once from a node of its own. It is a cluster job, not
-    part of the worker contract: the bundled implementations bring their own (legacy's is the buggy
-    "empty file" one, a mutant's may have a broken predicate); anything else is paired with the
-    reference's."""
-    job = impl if impl in ("reference", "legacy", "direct") or impl.startswith("mutant:") else "reference"
-    node = fleet.start(name, role="cpu-worker", version=None)
-    r = node.run(command_for(job, str(jail), name, "cpu-worker") + ["populate-cleanup"])
-    node.kill()
-    if r.code != 0:
-        raise RuntimeError(f"populate-jail cleanup failed: {r.error_line}")
-
-
 def host_residue(*needles: str) -> tuple[list[str], list[str]]:
     """Mounts in the host's namespace, and live processes that still mention the run's paths in
     their command line or hold mounts of them in their mount namespace (a node forked by the node
@@ -268,7 +188,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
     nodes: dict[str, kernel.Node] = {}
     with fleet_class.recording(jail, run_dir, seed) as fleet:
         if scenario.reused_jail:
-            dress_as_reused(jail)
+            nemesis.dress_as_reused(jail)
         if scenario.warm:
             warm = start_worker(fleet, "prewarm", impl, capabilities=scenario.capabilities,
                                 node_options={"layout": scenario.layout})
@@ -279,7 +199,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             log("chaos.kill", worker="prewarm", barrier="")   # ends its ready span; no barrier: no fault
             warm.node.kill()
         if scenario.populate_cleanup:
-            populate_job(fleet, jail, impl)
+            nemesis.populate_job(fleet, jail, impl)
         old = None
         if scenario.upgraded_jail:
             # A jail brought up before the fix: a legacy worker's 0-byte placeholders, with its
@@ -334,12 +254,15 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             os.symlink(jail, run_dir / "jail-link")
             contract["GPUJAIL_JAIL"] = str(run_dir / "jail-link")
 
+        host_versions: dict[str, str] = {}   # the workers whose host the harness upgraded: its driver now
+        hosts = nemesis.UpgradedHosts(fleet, host_versions) if scenario.host_upgrades else fleet
+
         def go(wid: str, role: str, version: str | None) -> None:
             try:
                 if wid in scenario.start_after:   # started by the harness once that barrier is released
                     Barrier(scenario.start_after[wid], str(run_dir / "barriers")).wait_released()
                 workers[wid] = start_worker(
-                    fleet, wid, scenario.impls.get(wid, impl), role=role, version=version, policy=policy,
+                    hosts, wid, scenario.impls.get(wid, impl), role=role, version=version, policy=policy,
                     capabilities=scenario.capabilities_of(wid),
                     env=contract,
                     first_attempt_env=first_env.get(wid),
@@ -357,14 +280,14 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         if scenario.ldconfig:
             def ldconfig_nemesis(name: str) -> None:
                 try:
-                    _ldconfig_nemesis(scenario, fleet, jail, impl, done, log, name, nemesis_ready)
+                    nemesis.ldconfig_node(scenario, fleet, jail, impl, done, log, name, nemesis_ready)
                 except RuntimeError as e:   # its node could not be set up, or died: raised below, as for a worker
                     errors[name] = e
 
             nemeses = [threading.Thread(target=ldconfig_nemesis, args=(n,)) for n in nemesis_names]
             for t in nemeses:
                 t.start()
-            if scenario.ldconfig.get("hold_lock") and not _wait_until_held(jail / core.LDCONFIG_LOCK, nemeses):
+            if scenario.ldconfig.get("hold_lock") and not nemesis.wait_until_held(jail / core.LDCONFIG_LOCK, nemeses):
                 done.set()
                 for t in nemeses:
                     t.join()
@@ -380,15 +303,12 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             def live_populate() -> None:
                 try:   # the populate-jail job re-run on a jail in use, once the barrier opens
                     Barrier(scenario.populate_at, str(run_dir / "barriers")).wait_released()
-                    populate_job(fleet, jail, impl, "populate-live")
+                    nemesis.populate_job(fleet, jail, impl, "populate-live")
                 except Exception as e:   # raised below, in the caller's thread
                     errors["populate-live"] = e
 
             jobs.append(threading.Thread(target=live_populate, name="populate-live"))
             jobs[-1].start()
-        planted: list[str] = []   # jail paths the harness swapped in during the run (not the workers' doing)
-        keeper = threading.Thread(target=_keep_barriers, args=(scenario, run_dir, threads, nodes, log, jail, planted))
-        keeper.start()
         def files_for(version: str, w: str) -> list[dict]:
             args = (jail, version, scenario.capabilities_of(w), scenario.layout, cdi(w))
             return (gpu_files(*args) + (soname_files(*args) if scenario.probe_sonames else [])
@@ -398,6 +318,22 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         if old is not None:
             workers["old"] = old
             probes["old"] = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities)
+
+        def upgrade(w: str, up) -> None:
+            """The host of `w` upgraded under its start (nemesis.upgrade_host): from now on the
+            probes expect its new driver, and its restarts get it (host_versions, read by go's fleet)."""
+            try:
+                nemesis.upgrade_host(nodes[w], w, up, host_versions.get(w, versions[w]), scenario.layout, log)
+            except Exception as e:   # raised below, in the caller's thread; the run goes on without it
+                errors[f"{w} (host upgrade)"] = e
+                return
+            host_versions[w] = up.version
+            probes[w] = files_for(up.version, w)
+
+        planted: list[str] = []   # jail paths the harness swapped in during the run (not the workers' doing)
+        keeper = threading.Thread(target=nemesis.keep_barriers,
+                                  args=(scenario, run_dir, threads, nodes, log, jail, planted, upgrade))
+        keeper.start()
 
         with_compat: set[str] = set()
 
@@ -482,128 +418,3 @@ def _scheduler(plan, scenario: Scenario, run_dir: Path, seed: int, jail: Path, t
 
     return schedule_plan.Scheduler(run_dir, plan, seed, [w for w, _, _ in scenario.workers], steps_estimate(scenario),
                                    node_of, log=log, relative_to=str(jail)).start()
-
-
-def lose_lock(jail: Path, fault: LockFault, holder: str, log) -> None:
-    """The lock file taken from under its holder, who keeps running: removed (a cleanup job, a lost
-    NFS lease whose file another node re-creates) or replaced by a new file (an image sync). The
-    holder's flock stays on the old inode; whoever opens the path next locks another one."""
-    path = jail / (fault.lock or LOCK)
-    existed = path.exists()
-    if fault.fault == "replace":
-        fresh = path.with_name(path.name + ".chaos-new")
-        fresh.write_bytes(b"")
-        os.chmod(fresh, 0o644)
-        os.rename(fresh, path)
-    elif existed:
-        path.unlink()
-    log("chaos.lock_fault", fault=fault.fault, lock=fault.lock or LOCK, barrier=fault.barrier, holder=holder,
-        existed=existed)
-
-
-def swap_link(jail: Path, outside: Path, link: SwappedLink, who: str, log) -> str:
-    """A symlink swapped in at `link.path` while starts are under way (after they checked the jail):
-    what was there is moved out of the jail first (to `outside`/../swapped-aside), so the jail holds
-    the link alone. Returns the jail-relative path planted (the nemesis's, not the workers')."""
-    path = jail / link.path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    moved = ""
-    if path.exists() or path.is_symlink():
-        aside = outside.parent / "swapped-aside" / link.path.replace("/", "_")
-        aside.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(path, aside)
-        moved = str(aside)
-    os.symlink(link.target.replace("@OUTSIDE", str(outside)), path)
-    log("chaos.link", path=link.path, target=link.target, barrier=link.barrier, arrived=who, moved=moved)
-    return link.path
-
-
-class _FailedStarts:
-    """Which workers have had a start fail so far (worker.exit events), read from the run's history
-    as it grows: a barrier that opens once every other worker gave up at least once."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset, self.failed = path, 0, set()
-
-    def __call__(self) -> set[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return self.failed
-        end = data.rfind(b"\n") + 1   # whole lines only: a writer may be half-way through one
-        self.offset += end
-        for line in data[:end].splitlines():
-            if b'"worker.exit"' in line:
-                e = json.loads(line)
-                if e.get("kind") == "worker.exit" and e.get("code") not in (0, "0"):
-                    self.failed.add(e.get("node"))
-        return self.failed
-
-
-def _keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict, log, jail: Path | None = None,
-                   planted: list[str] | None = None) -> None:
-    """Release each barrier once every GPU worker arrived or finished (but those the harness starts
-    only at its release; with `open = "others-failed"`, or had a start fail); kill who must die
-    there, either when it arrives or at the release (when everyone else is ready); take the lock
-    from under whoever arrives at a barrier with a lock fault, swap in the symlinks due there
-    (recorded in `planted`)."""
-    all_gpu = [w for w, role, _ in scenario.workers if role == "gpu-worker"]
-    pending = {name: Barrier(name, str(run_dir / "barriers")) for name in scenario.barriers}
-    kills = {(k.worker, k.barrier): k.when for k in scenario.kills}
-    lock_faults = {f.barrier: f for f in scenario.lock_faults}
-    swaps = list(scenario.swapped_links)
-    failed_starts = _FailedStarts(run_dir / "history.jsonl")
-
-    def kill_due(name: str, arrived: set[str], when: str) -> bool:
-        """Kill the arrived workers the scenario wants dead at this moment ("*": whoever arrives
-        first, e.g. the lock holder). True if anyone was killed."""
-        killed = False
-        for w in sorted(arrived):
-            who = next((who for who in (w, "*") if kills.get((who, name)) == when), None)
-            if who is not None and w in nodes:
-                del kills[(who, name)]
-                log("chaos.kill", worker=w, barrier=name)
-                nodes[w].kill()
-                killed = True
-        return killed
-
-    def arrivals(name: str) -> set[str]:
-        return {f.split(".")[2] for f in os.listdir(pending[name].dir) if f.startswith(f"{name}.arrived.")}
-
-    def release(name: str, arrived: set[str], **why) -> None:
-        kill_due(name, arrived, "release")
-        pending.pop(name).release()
-        log("chaos.release", barrier=name, arrived=sorted(arrived), **why)
-
-    while pending:
-        for name in list(pending):
-            arrived = arrivals(name)
-            killed_here = kill_due(name, arrived, "arrival")
-            if arrived and name in lock_faults and jail is not None:
-                lose_lock(jail, lock_faults.pop(name), sorted(arrived)[0], log)
-            for link in [sl for sl in swaps if sl.barrier == name] if arrived and jail is not None else []:
-                swaps.remove(link)
-                path = swap_link(jail, run_dir / "outside", link, sorted(arrived)[0], log)
-                if planted is not None:
-                    planted.append(path)
-            gpu = [w for w in all_gpu if scenario.start_after.get(w) != name]
-            finished = {w for w in gpu if not threads[w].is_alive()}
-            if scenario.barrier_opens.get(name) == "others-failed":
-                finished |= failed_starts() & set(gpu)
-            # A barrier that existed to kill someone at arrival opens right after the kill (the
-            # others must not queue behind it); otherwise once every GPU worker arrived or finished.
-            if killed_here or len(arrived | finished) >= len(gpu):
-                release(name, arrived)
-        # Everyone started and alive waits at some barrier (at different ones, or the workers meant
-        # to start at a barrier wait for one that paused elsewhere first): nobody can move until a
-        # barrier opens, so open the first in the scenario's order. This is how a scenario orders
-        # its barriers (the fault table's `late` before `hold`: w0 fails while its neighbours are
-        # still paused); a scenario whose workers meet at one barrier never gets here.
-        paused = set().union(*(arrivals(name) for name in pending)) if pending else set()
-        started = [w for w in all_gpu if scenario.start_after.get(w) not in pending and threads[w].is_alive()]
-        if pending and all(w in paused for w in started):
-            first = next(name for name in scenario.barriers if name in pending)
-            release(first, arrivals(first), stalled=True)
-        time.sleep(0.002)

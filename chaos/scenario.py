@@ -55,6 +55,9 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
                                # a new file renamed over it) when someone arrives at the barrier: a lock lost
                                # while its holder lives (a lost NFS lease, a cleanup job, an image sync)
     start_timeout = 10.0       # each start's deadline in this scenario (at most the run's --start-timeout)
+    host_upgrades = [{ worker = "w1", barrier = "upgrade", version = "570.86.15" }]   # w1's host driver
+                               # upgraded (old files removed, new ones installed) when w1 arrives at the
+                               # barrier, e.g. paused between `list` and `configure`; its restarts run on it
 
 `mode = "random"` replaces the fixed schedule by seeded random faults: each GPU worker's first
 start gets `P%sleep(ms)` terms on the CLI's steps and, with probability `fail_rate`, a
@@ -81,7 +84,8 @@ KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "ver
         "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "layout", "jail_symlink",
         "hostile_links",
         "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults",
-        "start_after", "impls", "worker_capabilities", "lock_faults", "start_timeout", "populate_at", "swapped_links"}
+        "start_after", "impls", "worker_capabilities", "lock_faults", "start_timeout", "populate_at", "swapped_links",
+        "host_upgrades"}
 
 
 class ScenarioError(ValueError):
@@ -111,6 +115,15 @@ class SwappedLink:
     barrier: str
     path: str      # jail-relative
     target: str    # the link's target ("@OUTSIDE": a directory outside the jail)
+
+
+@dataclass(frozen=True)
+class HostUpgrade:
+    worker: str    # whose host
+    barrier: str   # upgraded when the worker arrives there (e.g. paused between `list` and `configure`)
+    version: str   # the driver it gets; its restarts run on it too
+
+
 BARRIER_OPENS = ("others-failed",)
 
 
@@ -167,6 +180,7 @@ class Scenario:
     start_timeout: float | None = None   # each start's deadline here (None: the run's)
     populate_at: str = ""        # the populate-jail cleanup run on the live jail when this barrier opens
     swapped_links: list[SwappedLink] = field(default_factory=list)   # symlinks swapped in at a barrier
+    host_upgrades: list[HostUpgrade] = field(default_factory=list)   # a host's driver upgraded under its start
     barrier_opens: dict[str, str] = field(default_factory=dict)   # barrier -> when it opens besides arrivals
 
     @property
@@ -262,8 +276,9 @@ def load(source: str | Path) -> Scenario:
             raise ScenarioError(f"{path}: barriers: unknown key(s) {', '.join(unknown_barrier_keys)}")
         lock_faults = [LockFault(**f) for f in data.pop("lock_faults", [])]
         swapped = [SwappedLink(**f) for f in data.pop("swapped_links", [])]
+        upgrades = [HostUpgrade(**f) for f in data.pop("host_upgrades", [])]
         scenario = Scenario(faults=faults, kills=kills, barriers=barriers, lock_faults=lock_faults,
-                            barrier_opens=opens, swapped_links=swapped, **data)
+                            barrier_opens=opens, swapped_links=swapped, host_upgrades=upgrades, **data)
     except (TypeError, KeyError) as e:
         raise ScenarioError(f"{path}: {e}") from None
     for w, spec in scenario.syscall_schedule().items():
@@ -312,6 +327,16 @@ def load(source: str | Path) -> Scenario:
             raise ScenarioError(f"{path}: swapped_links: no barrier {sl.barrier!r} (barriers are {', '.join(scenario.barriers)})")
         if sl.path.startswith("/") or ".." in sl.path.split("/"):
             raise ScenarioError(f"{path}: swapped_links: path {sl.path!r} must be jail-relative")
+    from gpujail.fixtures.drivers import VERSIONS
+    versions = {w: v for w, _, v in scenario.workers}
+    for up in scenario.host_upgrades:
+        if up.barrier not in scenario.barriers:
+            raise ScenarioError(f"{path}: host_upgrades: no barrier {up.barrier!r} (barriers are {', '.join(scenario.barriers)})")
+        if not versions.get(up.worker):
+            raise ScenarioError(f"{path}: host_upgrades: no GPU worker {up.worker!r}")
+        if up.version not in VERSIONS or up.version == versions[up.worker]:
+            raise ScenarioError(f"{path}: host_upgrades: {up.worker} runs {versions[up.worker]}; version "
+                                f"{up.version!r} must be another of {', '.join(VERSIONS)}")
     if scenario.populate_at and scenario.populate_at not in scenario.barriers:
         raise ScenarioError(f"{path}: populate_at: no barrier {scenario.populate_at!r}")
     if scenario.start_timeout is not None and not 0 < scenario.start_timeout < float("inf"):

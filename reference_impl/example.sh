@@ -306,6 +306,7 @@ selected() {
         *) return 1 ;;
     esac
 }
+failpoint ref.before_configure ""
 # shellcheck disable=SC2086  # $caps is a list of flags
 err=$("$CLI" --user --no-pivot configure --no-cgroups --cuda-compat-mode=disabled --ldconfig=/usr/bin/true \
     --device=all $caps "$JAIL" 2>&1 >/dev/null) || die 4 "\`$CLI configure\` failed: $(printf '%s\n' "$err" | tail -n 1)"

@@ -24,6 +24,7 @@ KILLS = [
     ("lock-holder-stopped", "mutant:unbounded-lock-wait", "INV-2"),  # waiters hang behind the stopped holder
     ("links-swapped", "mutant:jail-checked-once", "INV-3"),        # checked at the start, followed after the swap
     ("mixed-capabilities", "mutant:markers-for-default-capabilities", "INV-1"),   # graphics libraries left to the CLI
+    ("host-upgraded-mid-start", "mutant:exit-code-only", "INV-1"),   # ready on the CLI's word, over 0-byte files
 ]
 
 

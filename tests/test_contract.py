@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from gpujail.chaos.runner import dress_as_reused
+from gpujail.chaos.nemesis import dress_as_reused
 from gpujail.reference_impl import core
 
 from gpujail.contract import RestartPolicy, UnknownImplementation, command_for, start_worker

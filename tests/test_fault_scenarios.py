@@ -4,7 +4,7 @@ while its holder lives, a start killed inside a marker's write. Their mechanisms
 * the failpoint actions `stop(barrier)` (a real SIGSTOP, continued at the barrier's release) and
   `kill(write)` (a kill inside the process's next write(2)), on real subprocesses, and what a process
   they cannot act on (a simulated one, a shell's helper) gets instead (gpujail/world/failpoints.py);
-* the runner's lock fault (chaos/runner.py `lose_lock`), its symlink swapped in during the run
+* the runner's lock fault (chaos/nemesis.py `lose_lock`), its symlink swapped in during the run
   (`swap_link`, and INV-3 leaving the harness's own link out), and the scenario keys that drive them
   (`lock_faults`, `swapped_links`, `populate_at`, `barriers.open = "others-failed"`, `start_timeout`;
   chaos/scenario.py);
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gpujail.chaos import runner, scenario
+from gpujail.chaos import nemesis, scenario
 from gpujail.chaos.checkers.hygiene import check_hygiene
 from gpujail.chaos.checkers.queries import Run
 from gpujail.chaos.checkers.windows import opened
@@ -171,7 +171,7 @@ def test_lose_lock_leaves_the_holder_its_flock_and_the_next_opener_another(tmp_p
     holder = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(holder, fcntl.LOCK_EX)
     events = []
-    runner.lose_lock(jail, LockFault("resume", fault), "w0", lambda kind, **f: events.append((kind, f)))
+    nemesis.lose_lock(jail, LockFault("resume", fault), "w0", lambda kind, **f: events.append((kind, f)))
     assert events == [("chaos.lock_fault", {"fault": fault, "lock": LOCK, "barrier": "resume", "holder": "w0",
                                              "existed": True})]
     assert path.exists() == (fault == "replace")
@@ -189,7 +189,7 @@ def test_swap_link_moves_what_was_there_out_and_hygiene_leaves_the_link_out(tmp_
     (jail / "usr/lib/firmware/nvidia/550").mkdir(parents=True)
     outside.mkdir()
     events = []
-    planted = runner.swap_link(jail, outside, SwappedLink("swap", "usr/lib/firmware/nvidia", "@OUTSIDE"), "w0",
+    planted = nemesis.swap_link(jail, outside, SwappedLink("swap", "usr/lib/firmware/nvidia", "@OUTSIDE"), "w0",
                                lambda kind, **f: events.append((kind, f)))
     assert planted == "usr/lib/firmware/nvidia"
     assert os.readlink(jail / planted) == str(outside)
@@ -223,7 +223,14 @@ def test_scenario_keys_are_checked(tmp_path):
                        ('populate_at = "nosuch"\n', "populate_at"),
                        ('barriers = [{ name = "r" }]\nswapped_links = [{ barrier = "r", path = "/etc", target = "x" }]\n',
                         "jail-relative"),
-                       ('swapped_links = [{ barrier = "r", path = "etc", target = "x" }]\n', "no barrier")]:
+                       ('swapped_links = [{ barrier = "r", path = "etc", target = "x" }]\n', "no barrier"),
+                       ('barriers = [{ name = "r" }]\nhost_upgrades = [{ worker = "w1", barrier = "r", '
+                        'version = "550.54.15" }]\n', "must be another"),
+                       ('barriers = [{ name = "r" }]\nhost_upgrades = [{ worker = "w9", barrier = "r", '
+                        'version = "570.86.15" }]\n', "no GPU worker"),
+                       ('host_upgrades = [{ worker = "w1", barrier = "r", version = "570.86.15" }]\n', "no barrier"),
+                       ('[worker_capabilities]\nw1 = "compute,vulkan"\n', "unknown capability 'vulkan'"),
+                       ('[worker_capabilities]\nw7 = "compute"\n', "no worker 'w7'")]:
         with pytest.raises(ScenarioError, match=words):
             load(bad)
 
@@ -231,6 +238,7 @@ def test_scenario_keys_are_checked(tmp_path):
 def test_the_new_scenarios_load_with_their_windows():
     for name, window in [("lock-holder-stopped", "stopped-holder"), ("lock-lost", "lock-lost"),
                          ("marker-torn", "torn-marker"), ("links-swapped", "link-swapped"),
+                         ("host-upgraded-mid-start", "host-upgraded-mid-start"),
                          (scenario.DIR / "known-failing/populate-live.toml", "populate-while-ready")]:
         sc = scenario.load(name)
         assert window in sc.windows
@@ -295,3 +303,25 @@ def test_window_populate_while_ready():
     assert opened("populate-while-ready", Run(events, None))[0] is True
     nothing = events[:-1] + [{**events[-1], "removed": []}]
     assert opened("populate-while-ready", Run(nothing, None))[0] is False
+
+
+def test_window_host_upgraded_mid_start():
+    upgrade = _e(0.3, "chaos.upgrade", worker="w0", version="570.86.15", old="550.54.15", barrier="upgrade",
+                 paths=["/usr/bin/nvidia-smi"])
+    events = _begin() + [upgrade, _e(0.5, "worker.exit", "w0", code=5, error="not mounted after configure")]
+    assert opened("host-upgraded-mid-start", Run(events, None))[0] is True
+    other = _begin() + [{**upgrade, "worker": "w1"}, events[-1]]   # another host's: not under w0's start
+    assert opened("host-upgraded-mid-start", Run(other, None))[0] is False
+
+
+def test_hygiene_leaves_out_what_the_harness_upgraded_under_a_node():
+    """A host upgrade (chaos.upgrade) writes the node's host view outside the jail: those paths, on
+    that node, are the harness's; the same write by the start, or on another node, is REF-11's."""
+    changes = [{"path": "/usr/bin/nvidia-smi", "change": "changed"}]
+    upgrade = _e(0.3, "chaos.upgrade", worker="w0", version="570.86.15", old="550.54.15", barrier="upgrade",
+                 paths=["/usr/bin/nvidia-smi"])
+    final = {"jail_before": {}, "jail_after": {}, "outside_changes": []}
+    upgraded = _begin() + [upgrade, _e(0.5, "impl.outside", "w0", changes=changes)]
+    assert check_hygiene(Run(upgraded, final)).valid is True
+    elsewhere = _begin() + [{**upgrade, "worker": "w1"}, _e(0.5, "impl.outside", "w0", changes=changes)]
+    assert check_hygiene(Run(elsewhere, final)).valid is False

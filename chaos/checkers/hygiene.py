@@ -13,7 +13,8 @@ does it on purpose; the damage it does when a CLI does it is INV-1's business).
 Paths the harness itself swapped in during the run (`final_state["planted"]`: a nemesis's symlink)
 are not the workers' doing and are left out. `final_state["outside_changes"]` must be empty, and so
 must every `impl.outside` event
-(what a start wrote outside the jail, seen through its node's copy-on-write view of the host).
+(what a start wrote outside the jail, seen through its node's copy-on-write view of the host), but
+for the host paths the harness itself changed under that node (`chaos.upgrade`: its driver upgraded).
 Each unexpected change names the last `cli.*` or
 `impl.*` event that touched its path, with the earlier ones as its chain.
 """
@@ -102,13 +103,16 @@ def check_hygiene(run: Run) -> InvariantResult:
     for p in outside or []:
         out.append(Violation("INV-3", f"jail hygiene: {p} changed outside the jail"))
     starts = {}   # node -> its last impl.start, to say which start it was
+    upgraded: dict[str, set[str]] = {}   # node -> the host paths the harness changed under it (chaos.upgrade)
     for e in run.events:
-        if e.get("kind") == "impl.start":
+        if e.get("kind") == "chaos.upgrade":
+            upgraded.setdefault(e["worker"], set()).update(e.get("paths") or [])
+        elif e.get("kind") == "impl.start":
             starts[node_of(e)] = e
         elif e.get("kind") == "impl.outside":   # seen through the node's copy-on-write host (cow.py)
             start = starts.get(node_of(e))
             what = f"`{' '.join(start['argv'])}`" if start else "a start"
-            for c in e["changes"]:
+            for c in [c for c in e["changes"] if c["path"] not in upgraded.get(node_of(e), ())]:
                 out.append(Violation("INV-3", f"jail hygiene (REF-11): worker {node_of(e)}'s start {what} {c['change']} "
                                               f"{c['path']} outside the jail, at {run.at(e)}", e, [start] if start else []))
     if before is None or after is None:

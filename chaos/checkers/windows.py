@@ -28,6 +28,8 @@ The windows (WINDOWS: name -> (description, predicate)):
 * `link-swapped`: the runner swapped a symlink into the jail (`chaos.link`) while a start that had
   begun before it was still under way (it checked the jail before the link was there);
 * `populate-while-ready`: the populate-jail cleanup (REF-9) removed placeholders while a worker was ready;
+* `host-upgraded-mid-start`: the runner upgraded a host's driver (`chaos.upgrade`) while its worker's
+  start was under way (a file set taken from `list` before it, a `configure` after it);
 * `torn-marker`: a start was killed inside the write of a marker it had just created exclusively
   (failpoint `kill(write)` at `ref.before_marker`): a 0-byte marker left for the next start (REF-3/REF-5).
 
@@ -173,6 +175,15 @@ def populate_while_ready(run: Run) -> tuple[bool, str]:
     return False, "no populate-jail cleanup removed anything while a worker was ready"
 
 
+def host_upgraded_mid_start(run: Run) -> tuple[bool, str]:
+    for e in run.of("chaos.upgrade"):
+        for node, t0, t1 in _starts(run):
+            if node == e["worker"] and t0 < e["t"] < t1:
+                return True, (f"{node}'s host driver upgraded to {e.get('version')} at {run.at(e)} under its start "
+                              f"(after its `list`, at barrier {e.get('barrier')})")
+    return False, "no host was upgraded while its worker's start was under way"
+
+
 def torn_marker(run: Run) -> tuple[bool, str]:
     for e in run.of("failpoint"):
         if (e.get("name"), e.get("action"), e.get("arg")) != ("ref.before_marker", "kill", "write"):
@@ -199,6 +210,7 @@ WINDOWS: dict[str, tuple[str, Callable[[Run], tuple[bool, str]]]] = {
     "link-swapped": ("a symlink was swapped into the jail during a start", link_swapped),
     "populate-while-ready": ("the populate-jail cleanup removed placeholders while a worker was ready",
                              populate_while_ready),
+    "host-upgraded-mid-start": ("a host's driver was upgraded under its worker's start", host_upgraded_mid_start),
 }
 
 

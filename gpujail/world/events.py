@@ -96,7 +96,7 @@ _kind("chaos.begin", "chaos/runner.py",
       "a chaos run starts: the scenario, the implementation (`impls`: workers running another), the seed, "
       "each worker's failpoints, "
       "driver version and the fault windows the scenario must open")
-_kind("chaos.ldconfig", "chaos/runner.py", "view:str code:int|str",
+_kind("chaos.ldconfig", "chaos/nemesis.py", "view:str code:int|str",
       "the ldconfig nemesis ran `ldconfig -r` on the jail from a node that sees none of the mounts "
       "(view blind) or its own driver's (view gpu)")
 _kind("chaos.fault", "chaos/runner.py", "worker:str failpoint:str term:str start:int?",
@@ -107,16 +107,20 @@ _kind("jailfs.fault", "gpujail/backends/jailfs.py", "fault:str worker:str pids:l
       "it, on the history's clock, before the event was written once it was done)")
 _kind("jailfs.clear", "gpujail/backends/jailfs.py", "fault:str worker:str",
       "that fault clears: the brick restarted, the latency removed (a lost client stays lost for its node)")
-_kind("chaos.kill", "chaos/runner.py", "worker:str barrier:str",
+_kind("chaos.kill", "chaos/nemesis.py", "worker:str barrier:str",
       "the runner SIGKILLs a worker's node at a barrier (no cleanup runs)")
-_kind("chaos.lock_fault", "chaos/runner.py", "fault:str lock:str barrier:str holder:str existed:bool",
+_kind("chaos.lock_fault", "chaos/nemesis.py", "fault:str lock:str barrier:str holder:str existed:bool",
       "the runner took a jail lock file from under its holder, who keeps running (`holder`: who arrived at "
       "`barrier`): removed, or replaced by a new file (`fault`); its flock stays on the old inode, so the next "
       "node to open the path locks another (a lost NFS lease, a cleanup job, an image sync)")
-_kind("chaos.link", "chaos/runner.py", "path:str target:str barrier:str arrived:str moved:str",
+_kind("chaos.link", "chaos/nemesis.py", "path:str target:str barrier:str arrived:str moved:str",
       "the runner swapped a symlink in at jail path `path` (to `target`, \"@OUTSIDE\": a directory outside the "
       "jail) during the run, when `arrived` reached `barrier`; `moved`: where what was there went (\"\": nothing)")
-_kind("chaos.release", "chaos/runner.py", "barrier:str arrived:list stalled:bool?",
+_kind("chaos.upgrade", "chaos/nemesis.py", "worker:str version:str old:str barrier:str paths:list",
+      "the runner upgraded `worker`'s host driver from `old` to `version` when it reached `barrier`, in that "
+      "node's copy-on-write view of the host (old files removed, new ones installed); `paths`: what that "
+      "changed outside the jail, as the node resolves them (the harness's writes, not the start's)")
+_kind("chaos.release", "chaos/nemesis.py", "barrier:str arrived:list stalled:bool?",
       "a barrier opens; `arrived` are the workers that were waiting at it (`stalled`: opened because "
       "every started worker was paused, the first of the scenario's barriers)")
 _kind("sched.begin", "gpujail/world/schedule.py",
