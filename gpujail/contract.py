@@ -9,6 +9,8 @@ name (`reference`, `legacy`, `direct`, `example-shell`), anything else as a comm
 container: the contract environment, cwd = the jail, exit 0 = ready. A non-zero exit restarts it
 by the `RestartPolicy`, each restart in a *new* node (a container restart gets a new mount
 namespace), with exponential backoff. Every start, exit and restart goes into the history.
+Under a schedule with `syscalls` (`--schedule pct:syscalls`, docs/scheduler.md) each start runs
+under fixtures/bin/gpujail-syscall-points, which makes its system calls on the jail scheduling points.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from pathlib import Path
 
 from gpujail import reference_impl
 from gpujail.backends.kernel import Fleet, Node, RunResult
+from gpujail.fixtures import BIN
 from gpujail.spec import start_timeout
-from gpujail.world import history
+from gpujail.world import history, schedule
 
 # -S: no site-packages scan at start-up (PYTHONPATH names the repository), which is a third of a
 # worker start's Python start-up cost here.
@@ -128,6 +131,8 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
             on_node(node)
         extra = {**(env or {}), **((first_attempt_env or {}) if attempt == 0 else {}),
                  **(attempt_env or {}).get(attempt, {})}
+        if schedule.syscall_points(extra.get(schedule.ENV)):   # its system calls are scheduling points too
+            argv = [sys.executable, "-S", str(BIN / "gpujail-syscall-points"), *argv]
         try:
             result = node.run(argv, env=node.contract_env(capabilities, extra), timeout=timeout)
         except RuntimeError as e:   # the node died under it: killed, as a container can be

@@ -67,7 +67,8 @@ OPTIONS = [
     Option("schedule", "GPUJAIL_SCHEDULE", "free",
            "the chaos runs' interleaving: 'free' (as the kernel schedules the workers), 'random-walk' or "
            "'pct[:d=DEPTH,k=STEPS]' (every failpoint a scheduling point of the harness's scheduler, seeded by "
-           "--seed, recorded for exact replay; docs/scheduler.md); kernel backend"),
+           "--seed, recorded for exact replay; docs/scheduler.md), with ',syscalls' (':syscalls' for random-walk) "
+           "for a start's system calls on the jail as points too; kernel backend"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
     Option("launcher", "GPUJAIL_LAUNCHER", "",

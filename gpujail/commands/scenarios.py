@@ -172,7 +172,8 @@ def shrink(args, sc, result, out: Path, term) -> None:
         tmp = scratch("shrink")
         try:
             r = runner.run(trial, args.impl, tmp / "run", seed=args.seed,
-                           scheduled=f"pct:k={k},changes={'+'.join(map(str, changes))}")
+                           scheduled=f"pct:k={k},changes={'+'.join(map(str, changes))}"
+                           + (",syscalls" if str(plan["strategy"]).endswith("syscalls") else ""))
             print(f"shrink: try {runs}: {len(changes)} change points, {len(chosen)} faults: "
                   f"{'fails' if r.judge()[0] else 'passes'}", file=term)
             if r.judge()[0]:

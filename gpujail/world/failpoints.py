@@ -41,7 +41,10 @@ shell) gets the nearest thing: `stop` pauses (to the other nodes the same: it ho
 
 Under `--schedule` (gpujail/world/schedule.py) every failpoint, armed or not, is also a scheduling
 point: a hit first waits until the harness's scheduler lets this process go (`scheduling_point`,
-counting each failpoint's hits per process), then acts as above.
+counting each failpoint's hits per process), then acts as above. With `--schedule pct:syscalls`
+the system calls of a start on the jail are scheduling points too, named `syscall.NAME`
+(fixtures/bin/gpujail-syscall-points); they are not failpoints: nothing arms them here (strace's
+faults on system calls are fixtures/syscall_faults.py).
 
 Every hit of an armed failpoint is recorded in the history (`failpoint` event, with the action), so
 a test can check that what it armed actually fired. A malformed spec or an unknown name raises

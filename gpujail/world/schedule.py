@@ -12,21 +12,28 @@ calls `arrive()`: it connects, sends one JSON line (node, failpoint, the process
 that failpoint, path) and blocks until the scheduler writes one byte back. The failpoint's action,
 if it is armed, runs after that. A client that cannot connect (no scheduler any more: the run
 ended) or whose connection is closed goes on: a scheduler never holds a process past its run.
+With `syscalls` in the plan (`pct:syscalls`, `random-walk:syscalls`) each worker start runs under
+fixtures/bin/gpujail-syscall-points (gpujail/contract.py wraps it when `syscall_points(address)`):
+a seccomp user-notification supervisor that arrives the same way, as `syscall.mkdir`,
+`syscall.openat`, `syscall.mount`, ... with the path, for each of those calls on the jail, before
+letting the kernel run it. For the scheduler they are points like any other.
 
 The scheduler releases one waiting worker at a time, so between two decisions only the released
 worker runs. A decision is taken once every other live worker is *settled*: waiting at a point, or
 blocked in the kernel (a `flock` wait behind a worker held at a point, a failpoint `sleep` or
-`pause`, a barrier). Blocked is read from the kernel, not guessed from time: the processes of a
-worker's node (its PID namespace, from the node's PID 1 the runner names) are all sleeping (no
-process in state R or D) for `settle` seconds, watched at least every settle/3 with no process
-started or ended meanwhile (a wake-up between two looks far apart is not taken for quiet). A node
-with no process but its agent is being (re)started by the harness, and counts as running. So the
-waiting set at each decision, and so the decisions, do not depend on the machine's load; a worker
-that stays running for `patience` seconds without reaching a point (a busy loop) does not stall the
-run: the decision is taken anyway and counted in `forced` (such a run may not replay exactly). A
-process killed at a point closes its connection and leaves the schedule; a worker whose thread ended
-(ready, or out of restarts) is no longer live. Hits from nodes that are not the scenario's workers
-(nemeses, the populate job) are released at once.
+`pause`, a barrier). A process held at a system call sleeps in the kernel (state S) while its
+supervisor waits for our byte: its worker is waiting, and only workers that are not waiting have
+their processes looked at, so being held never reads as blocked. Blocked is read from the kernel,
+not guessed from time: the processes of a worker's node (its PID namespace, from the node's PID 1
+the runner names) are all sleeping (no process in state R or D) for `settle` seconds, watched at
+least every settle/3 with no process started or ended meanwhile (a wake-up between two looks far
+apart is not taken for quiet). A node with no process but its agent is being (re)started by the
+harness, and counts as running. So the waiting set at each decision, and so the decisions, do not
+depend on the machine's load; a worker that stays running for `patience` seconds without reaching a
+point (a busy loop) does not stall the run: the decision is taken anyway and counted in `forced`
+(such a run may not replay exactly). A process killed at a point closes its connection and leaves
+the schedule; a worker whose thread ended (ready, or out of restarts) is no longer live. Hits from
+nodes that are not the scenario's workers (nemeses, the populate job) are released at once.
 
 Strategies, seeded from the run's seed (`make_strategy`):
 
@@ -37,7 +44,7 @@ Strategies, seeded from the run's seed (`make_strategy`):
   priority, and when the step is a change point that worker's priority drops below every other's.
   A bug of depth d among n workers and k steps is found with probability >= 1/(n*k^(d-1)) per run.
   `d` defaults to 3; `k` to the runner's estimate from the scenario (failpoints per start times
-  workers). `changes=A+B` fixes the change points (a shrunk schedule).
+  workers; twice that with `syscalls`). `changes=A+B` fixes the change points (a shrunk schedule).
 
 Each release is one `sched.step` event in the history (written by the harness, so the history's
 order of them is the order of the decisions) and one entry of `steps`; `Scheduler.record()` is
@@ -57,6 +64,7 @@ import time
 ENV = "GPUJAIL_SCHEDULER"
 NAMES = ("free", "random-walk", "pct")
 DEFAULT_DEPTH = 3
+SYSCALL_STEPS = 2   # steps with `syscalls` per step without (measured: 2.3 legacy, 1.7 reference; docs/scheduler.md)
 SOCKET = "sched.sock"
 
 
@@ -65,38 +73,46 @@ class ScheduleError(ValueError):
 
 
 class Plan:
-    """A parsed --schedule: `free`, `random-walk`, or `pct[:d=D][,k=K][,changes=A+B...]`."""
-    __slots__ = ("name", "depth", "k", "changes")
+    """A parsed --schedule: `free`, `random-walk[:syscalls]`, or
+    `pct[:d=D][,k=K][,changes=A+B...][,syscalls]`. `syscalls`: each worker start also runs under
+    fixtures/bin/gpujail-syscall-points, so its system calls on the jail are scheduling points too."""
+    __slots__ = ("name", "depth", "k", "changes", "syscalls")
 
-    def __init__(self, name: str, depth: int = DEFAULT_DEPTH, k: int | None = None, changes: list[int] | None = None):
-        self.name, self.depth, self.k, self.changes = name, depth, k, changes
+    def __init__(self, name: str, depth: int = DEFAULT_DEPTH, k: int | None = None, changes: list[int] | None = None,
+                 syscalls: bool = False):
+        self.name, self.depth, self.k, self.changes, self.syscalls = name, depth, k, changes, syscalls
 
     @property
     def free(self) -> bool:
         return self.name == "free"
 
     def __str__(self) -> str:
-        if self.name != "pct":
-            return self.name
-        params = [f"d={self.depth}"] + ([f"k={self.k}"] if self.k else []) + (
+        params = [] if self.name != "pct" else [f"d={self.depth}"] + ([f"k={self.k}"] if self.k else []) + (
             [f"changes={'+'.join(map(str, self.changes))}"] if self.changes is not None else [])
-        return "pct:" + ",".join(params)
+        params += ["syscalls"] if self.syscalls else []
+        return self.name + (":" + ",".join(params) if params else "")
 
 
 def parse(text: str) -> Plan:
     name, colon, rest = text.strip().partition(":")
     if name not in NAMES:
         raise ScheduleError(f"expected one of {', '.join(NAMES)} (pct takes :d=D,k=K), got {text!r}")
-    if name != "pct":
-        if colon:
-            raise ScheduleError(f"{name} takes no parameters, got {text!r}")
-        return Plan(name)
     plan = Plan(name)
-    for item in filter(None, rest.split(",")):
+    items = [item for item in rest.split(",") if item.strip()]
+    if any(item.strip() == "syscalls" for item in items):
+        if name == "free":
+            raise ScheduleError(f"syscalls (system calls as scheduling points) needs random-walk or pct, got {text!r}")
+        plan.syscalls = True
+        items = [item for item in items if item.strip() != "syscalls"]
+    if name != "pct":
+        if items or (colon and not plan.syscalls):
+            raise ScheduleError(f"{name} takes no parameters but syscalls, got {text!r}")
+        return plan
+    for item in items:
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or key not in ("d", "k", "changes"):
-            raise ScheduleError(f"pct parameter {item!r}: expected d=DEPTH, k=STEPS or changes=A+B")
+            raise ScheduleError(f"pct parameter {item!r}: expected d=DEPTH, k=STEPS, changes=A+B or syscalls")
         try:
             numbers = [int(v) for v in value.split("+")] if key == "changes" and value else []
             number = int(value) if key != "changes" else 0
@@ -133,7 +149,8 @@ class RandomWalk:
 class PCT:
     def __init__(self, plan: Plan, seed: int, workers: list[str], k: int):
         rng = random.Random(f"pct:{seed}")
-        self.depth, self.k = plan.depth, plan.k or max(k, 1)
+        # k counts steps: with syscalls, each start's system calls on the jail about double them
+        self.depth, self.k = plan.depth, plan.k or max(k * (SYSCALL_STEPS if plan.syscalls else 1), 1)
         order = sorted(workers)
         rng.shuffle(order)
         self.priority = {w: self.depth + i for i, w in enumerate(order)}   # higher runs first
@@ -163,13 +180,28 @@ def make_strategy(plan: Plan, seed: int, workers: list[str], k: int):
 def arrive(address: str, name: str, hit: int, path: str = "") -> None:
     """Tell the scheduler at `address` that this process is at failpoint `name` (its `hit`-th hit)
     and wait until it lets us go. Any failure to reach it means: go on (the run is over)."""
+    s = announce(address, name, hit, path)
+    if s is None:
+        return
+    try:
+        s.recv(1)   # a byte: go; EOF: the scheduler went away, go too
+    except OSError:
+        return
+    finally:
+        s.close()
+
+
+def announce(address: str, name: str, hit: int, path: str = "") -> socket.socket | None:
+    """The first half of `arrive`: connect and say where we are. Returns the connection to wait on
+    (one byte or EOF means go; closing it leaves the schedule), or None when there is no scheduler.
+    fixtures/bin/gpujail-syscall-points waits on it itself, watching its held system call meanwhile."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         try:
             s.connect(address)
         except OSError as e:
             if not (e.errno == 36 or len(address.encode()) > 100):   # ENAMETOOLONG: through the directory's fd
-                return
+                raise
             fd = os.open(os.path.dirname(address), os.O_PATH)
             try:
                 s.connect(f"/proc/self/fd/{fd}/{os.path.basename(address)}")
@@ -177,11 +209,19 @@ def arrive(address: str, name: str, hit: int, path: str = "") -> None:
                 os.close(fd)
         s.sendall(json.dumps({"node": os.environ.get("GPUJAIL_NODE", ""), "name": name, "hit": hit,
                               "path": path}).encode() + b"\n")
-        s.recv(1)   # a byte: go; EOF: the scheduler went away, go too
+        return s
     except OSError:
-        return
-    finally:
         s.close()
+        return None
+
+
+_SYSCALL_POINTS: set[str] = set()   # addresses of this process's live schedulers whose plan has `syscalls`
+
+
+def syscall_points(address: str | None) -> bool:
+    """Whether the worker starts that get `address` in GPUJAIL_SCHEDULER run under
+    gpujail-syscall-points (gpujail/contract.py asks; the scheduler runs in the same harness process)."""
+    return bool(address) and address in _SYSCALL_POINTS
 
 
 # -- the harness side ---------------------------------------------------------------------------
@@ -242,6 +282,8 @@ class Scheduler:
             os.close(fd)
 
     def start(self) -> Scheduler:
+        if self.plan.syscalls:
+            _SYSCALL_POINTS.add(self.address)
         if self.log:
             self.log("sched.begin", strategy=str(self.plan), seed=self.seed, workers=self.workers,
                      **self.strategy.describe())
@@ -250,6 +292,7 @@ class Scheduler:
 
     def stop(self) -> None:
         """Stop deciding; whoever still waits is let go (its connection closed)."""
+        _SYSCALL_POINTS.discard(self.address)
         self._stop.set()
         self._thread.join()
         self._sock.close()
