@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 # The plugin is installed (entry point `pytest11`) but quiet until asked; this asks (see
-# gpujail/plugin.py). `pytest_plugins` loads it even where entry points are not autoloaded.
+# gpujail/plugin/__init__.py). `pytest_plugins` loads it even where entry points are not autoloaded.
 pytest_plugins = ["gpujail.plugin"]
 GPUJAIL_SUITE = True
 

@@ -13,7 +13,7 @@ import pytest
 from gpujail.chaos import runner, scenario
 from gpujail.chaos.test_scenarios import verdict
 
-from gpujail.backends import jailfs, kernel
+from gpujail.backends import jailfs, jailfs_fleet, kernel
 from gpujail.options import option
 
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-5", "INV-6")]
@@ -28,7 +28,7 @@ def test_network_fault(name, impl, artefacts_dir, request, tmp_path, workers):
     if reason:
         pytest.skip(reason)
     result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")),
-                        fleet_class=jailfs.fleet_class(kernel.Fleet, kind, sc.net_faults))
+                        fleet_class=jailfs_fleet.fleet_class(kernel.Fleet, kind, sc.net_faults))
     verdict(result, request, artefacts_dir, more=k2_reading)
 
 

@@ -27,7 +27,7 @@ from gpujail.backends.probes import gpu_files
 from gpujail.world.failpoints import REGISTRY, Barrier
 
 # Harness self-checks: run first, once per host and code version, and never counted for or against
-# an implementation (gpujail/plugin.py).
+# an implementation (gpujail/plugin/collection.py).
 pytestmark = [pytest.mark.kernel, pytest.mark.self_check]
 VERSION = drivers.DEFAULT_VERSION
 LIB, LIB32 = "usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu"

@@ -4,7 +4,7 @@ How this works
 --------------
 The oracle is the chaos checker (chaos/checker.py, chaos/checkers/: INV-1..6, the evidence rules of
 SPEC section 6 "What a PASS means", the fault windows), the probes that feed it
-(gpujail/backends/probes.py, `op_probe` in gpujail/backends/node.py) and the gate that turns its
+(gpujail/backends/probes.py, `op_probe` in gpujail/backends/node_probes.py) and the gate that turns its
 verdicts into an exit code. A mutant is one realistic mistake in it, written as a *wrapper of the
 real function* (or a changed constant), never as a copy of its code: the mutant follows the code as
 it changes, and a target that no longer exists is an error naming the mutant (`MutantError`), not a
@@ -26,7 +26,7 @@ is killed, 1 when one survives, 2 when one cannot be applied or the arguments ar
 
 Only this process is mutated: code that runs in a subprocess (a `gpujail reproduce` a test starts,
 a kernel node's probe server) runs unmutated, so the self-tests that kill a mutant of the probes
-call `node.op_probe` in-process.
+call `node_probes.op_probe` in-process.
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def _without(run, *kinds: str):
 
 # -- the catalogue: the probes -------------------------------------------------------------------
 
-@mutant("probe-drops-a-file", "gpujail.backends.node:op_probe",
+@mutant("probe-drops-a-file", "gpujail.backends.node_probes:op_probe",
         "a probe round silently leaves out one of the files it was asked about (an off-by-one)", "SPEC 6, INV-1")
 def _(op_probe):
     return _wrap(op_probe, lambda req: op_probe({**req, "files": req["files"][:-1]}))
@@ -105,7 +105,7 @@ def _(unanswered):
     return _wrap(unanswered, lambda requests, why: [{**r, "attached": True, "size": 0} for r in unanswered(requests, why)])
 
 
-@mutant("probe-skips-byte-compare", "gpujail.backends.node:probe_one",
+@mutant("probe-skips-byte-compare", "gpujail.backends.node_probes:probe_one",
         "the probe never compares the file with the host's: a marker or another driver's file passes where "
         "no loader runs (firmware, binaries)", "INV-1, INV-5, REF-7")
 def _(probe_one):

@@ -5,7 +5,9 @@ import os
 import subprocess
 import sys
 
-from gpujail.benchmarks.run import CHECKOUT, SUITES_HOME, Row, table, tree_pss
+from gpujail.benchmarks.measure import Row
+from gpujail.benchmarks.run import table
+from gpujail.benchmarks.suite_runs import CHECKOUT, SUITES_HOME, tree_pss
 
 
 def test_table_lines_up_and_shows_ratios():

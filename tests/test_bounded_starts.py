@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gpujail.backends.node import OUTPUT_CAP
+from gpujail.backends.node_starts import OUTPUT_CAP
 from gpujail.contract import RestartPolicy, start_worker
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]

@@ -523,7 +523,7 @@ def test_inv5_loss_after_ready_is_inv1():
 
 
 def test_lookup_results_say_what_the_loader_found():
-    """A soname looked up through the jail's linker cache (node.py probe_lookup) is judged like a
+    """A soname looked up through the jail's linker cache (node_probes.py probe_lookup) is judged like a
     file, under its own name, and the explanation says where the lookup led, or that it found
     nothing."""
     h = History()

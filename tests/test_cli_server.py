@@ -1,6 +1,6 @@
 """The fake CLI forked for its client by the node's CLI server behaves as the fake in an interpreter of
-its own (issue 19; SPEC CLI-1..7, INV-6; gpujail/backends/warm.py, 3), and so does the fake a bundled
-implementation forks from itself (`warm.run_cli_forked`).
+its own (issue 19; SPEC CLI-1..7, INV-6; gpujail/backends/cli_server.py), and so does the fake a bundled
+implementation forks from itself (`cli_server.run_cli_forked`).
 
 A worker's `nvidia-container-cli` is a bash client; in a node it asks the node's CLI server to fork
 the fake for it. Each test runs the same command both ways in real kernel-backend nodes (`served`,
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from gpujail.fixtures.jail import make_jail
 
-from gpujail.backends import kernel, warm
+from gpujail.backends import cli_server, kernel
 from gpujail.world import history
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
@@ -32,7 +32,7 @@ def run(node, script: str, served: bool, env: dict | None = None):
     """`bash -c SCRIPT` in `node`, with the node's CLI server offered to its CLIs or not (the node
     adds the server's address to each start's environment: the script hides it from its CLIs)."""
     if not served:
-        script = f"unset {warm.CLI_SERVER_ENV}; {script}"
+        script = f"unset {cli_server.CLI_SERVER_ENV}; {script}"
     return node.run(["bash", "-c", script], env=node.contract_env(extra=env))
 
 
@@ -150,7 +150,7 @@ def test_a_cli_outside_any_node_runs_the_fake_itself(tmp_path):
     import subprocess
 
     from gpujail.fixtures import BIN
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", warm.CLI_SERVER_ENV: "127.0.0.1:1"}
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", cli_server.CLI_SERVER_ENV: "127.0.0.1:1"}
     r = subprocess.run(["nvidia-container-cli", "--version"], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("cli-version: "), r
 
@@ -159,10 +159,10 @@ def test_a_cli_outside_any_node_runs_the_fake_itself(tmp_path):
 
 RUN = """
 import json, sys
-from gpujail.backends import warm
+from gpujail.backends import cli_server
 from gpujail.world import sysops
 if sys.argv[1] == "forked":
-    sysops.run_without_exec = warm.run_cli_forked
+    sysops.run_without_exec = cli_server.run_cli_forked
 print(json.dumps(sysops.RealSys().run(sys.argv[2:])))
 """
 

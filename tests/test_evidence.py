@@ -57,18 +57,18 @@ def test_a_file_the_probe_could_not_clear_says_why():
 
 @pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc to build a library whose constructor crashes")
 def test_probe_answers_every_file_when_a_library_crashes_or_hangs_the_probe(tmp_path, monkeypatch):
-    """node.py's probe: one result per file asked, in order; the crashing and the hanging library
+    """node_probes.py's probe: one result per file asked, in order; the crashing and the hanging library
     are not cleared and say why; the files after them are still probed (a fresh child)."""
-    from gpujail.backends import node
+    from gpujail.backends import node_probes
     for name, body in (("crash", "raise(SIGSEGV);"), ("hang", "for (;;) pause();")):
         (tmp_path / f"{name}.c").write_text("#include <signal.h>\n#include <unistd.h>\n"
                                             f"__attribute__((constructor)) static void f(void) {{ {body} }}\n")
         subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / f"lib{name}.so", tmp_path / f"{name}.c"], check=True)
     (tmp_path / "plain").write_bytes(b"x" * 100)
-    monkeypatch.setattr(node, "PROBE_TIMEOUT", 2.0)
+    monkeypatch.setattr(node_probes, "PROBE_TIMEOUT", 2.0)
     files = [{"path": str(tmp_path / "libcrash.so"), "load": True}, {"path": str(tmp_path / "libhang.so"), "load": True},
              {"path": str(tmp_path / "plain"), "host": str(tmp_path / "plain")}]
-    results = node.op_probe({"files": files})["results"]
+    results = node_probes.op_probe({"files": files})["results"]
     assert [r["path"] for r in results] == [f["path"] for f in files]
     assert results[0]["size"] is None and "killed by SIGSEGV" in results[0]["error"]
     assert results[1]["size"] is None and "timed out" in results[1]["error"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujail.backends import jailfs, kernel
+from gpujail.backends import gluster, jailfs, kernel
 from gpujail.spec import EXIT
 
 KINDS = jailfs.KINDS
@@ -186,7 +186,7 @@ def test_the_harness_keeps_its_working_directory_after_its_own_mount_namespace(t
     the thread to the root directory: the working directory it had comes back (a relative path
     given later, `chaos` or `reports`, names what it named before; `gpujail bench` found it)."""
     monkeypatch.chdir(tmp_path)
-    with jailfs._own_mount_ns():
+    with gluster.own_mount_ns():
         pass
     assert os.getcwd() == str(tmp_path)
 

@@ -1,4 +1,4 @@
-"""The lookup probes (gpujail/backends/node.py `probe_lookup`, requests from probes.lookup_files):
+"""The lookup probes (gpujail/backends/node_probes.py `probe_lookup`, requests from probes.lookup_files):
 a soname looked up as a GPU job's loader does, through the jail's own `etc/ld.so.cache`. Real
 nodes, the real ldconfig, a real dlopen in a child chrooted into the jail.
 

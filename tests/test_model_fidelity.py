@@ -109,9 +109,9 @@ def _read_file(path: str) -> bytes:
 
 def agent() -> None:
     """Kernel side: a private mount namespace, then one JSON op per line, one JSON result per line."""
-    from gpujail.backends.node import CLONE_NEWNS, _unshare
+    from gpujail.backends.namespaces import CLONE_NEWNS, unshare
     from gpujail.world.sysops import MS_PRIVATE, MS_REC, RealSys
-    _unshare(CLONE_NEWNS)
+    unshare(CLONE_NEWNS)
     real = RealSys()
     real.mount(None, "/", None, MS_REC | MS_PRIVATE)
     os.umask(0o022)

@@ -5,7 +5,7 @@ How this works
 scripts/oracle-killmatrix runs the oracle's self-tests once per mutant of the checker, the probes
 and the gate; each test here was written because a mutant survived them, and its docstring names that
 mutant and the SPEC rule it guards. Pure tests on small histories built like tests/test_checker.py's
-(a reference start, probe rounds), except the probe tests, which run `node.op_probe` in this process
+(a reference start, probe rounds), except the probe tests, which run `node_probes.op_probe` in this process
 on plain files (no gcc, no kernel backend) so that a mutant of the probe is seen here.
 
 The last two tests are the oracle's own holes, found while writing the mutants: histories the
@@ -131,13 +131,13 @@ def test_the_probe_answers_every_file_and_compares_it_with_the_hosts(tmp_path):
     probe-skips-byte-compare; test_evidence's probe test needs gcc): one result per file asked, in
     order; the host's bytes are `same_bytes`, a marker in their place is not (and is bad), and a
     file that is not there has no size."""
-    from gpujail.backends import node
+    from gpujail.backends import node_probes
     host = tmp_path / "host.bin"
     host.write_bytes(bytes(range(256)) * 16)
     (tmp_path / "copy.bin").write_bytes(host.read_bytes())
     (tmp_path / "marker.bin").write_bytes(b"gpujail placeholder marker")
     files = [{"path": str(tmp_path / name), "host": str(host)} for name in ("copy.bin", "marker.bin", "gone.bin")]
-    results = node.op_probe({"files": files})["results"]
+    results = node_probes.op_probe({"files": files})["results"]
     assert [r["path"] for r in results] == [f["path"] for f in files]
     copy, marker, gone = results
     mounted = lambda r: {**r, "attached": True}   # plain files, no mount points: judged as if mounted

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from gpujail import plugin
 from gpujail.options import OPTIONS
+from gpujail.plugin.collection import purpose
+from gpujail.plugin.outcomes import failure_reason
 from gpujail.spec import PENDING, REQUIREMENTS
 
 pytest_plugins = ["pytester"]
@@ -423,17 +424,17 @@ def test_failure_reasons_are_the_checks_own_words():
     """A failing check's reason is its own message without pytest's `assert ...` explanation, the
     whole of a chaos verdict and chain (up to a bound), and a test's purpose is its docstring's first
     sentence."""
-    assert plugin.failure_reason("AssertionError: worker w lost libcuda.so.1\nassert [] == ['x']") == \
+    assert failure_reason("AssertionError: worker w lost libcuda.so.1\nassert [] == ['x']") == \
         "worker w lost libcuda.so.1"
-    assert plugin.failure_reason("assert 0 > 0") == "assert 0 > 0"
+    assert failure_reason("assert 0 > 0") == "assert 0 > 0"
     chain = "AssertionError: scenario cold-race: INVALID\n  INV-1 FAIL ...\n  causal chain:\n    t=0.1 cli.fail"
-    assert plugin.failure_reason(chain).splitlines() == chain[len("AssertionError: "):].splitlines()
-    assert plugin.failure_reason("\n".join(f"line {i}" for i in range(40)), lines=5).endswith("... (35 more lines)")
+    assert failure_reason(chain).splitlines() == chain[len("AssertionError: "):].splitlines()
+    assert failure_reason("\n".join(f"line {i}" for i in range(40)), lines=5).endswith("... (35 more lines)")
 
     class Item:
         def function():
             """Workers start at once. Then more happens."""
-    assert plugin.purpose(Item) == "Workers start at once"
+    assert purpose(Item) == "Workers start at once"
 
 
 def test_a_vendor_failure_is_filed_under_what_it_checks_of_the_implementation(run, pytester):

@@ -11,7 +11,7 @@ unlink, a write through `/proc/self/root`), a node sees the host through overlay
   one, gets an overlay mount of itself whose upper directory is on a tmpfs of the node's. The
   implementation sees the host as it is and may write wherever its rights allow, but every write
   lands in an upper directory and the host never changes. /proc, /sys, /dev and /run are left
-  alone: /dev and /run are the node's own tmpfs (node.py), watched by `snapshot`.
+  alone: /dev and /run are the node's own tmpfs (node_view.py), watched by `snapshot`.
   The paths the node must really share (the jail, the run's history and barriers) are bind-mounted
   back over their overlays, from descriptors opened before the overlays hid them. `lowers` adds a
   lower layer under a directory (the driver files of the node at their host paths).

@@ -15,17 +15,13 @@ Kinds (KINDS):
 
 * `local`: the jail is the directory itself; every node sees the same dentries (K-1: a remote
   unlink detaches at once). No client, no daemon: `node_options` is {}.
-* `gluster`: `glusterd -N` is started as our child with its working, run and log directories and its
-  CLI socket under `run_dir/gluster-XXXX/` (its TCP port is the fixed 24007 that bricks and clients
-  assume, so one run at a time per machine: a `flock` on the glusterd binary serialises them). A
-  volume on a brick under `run_dir/gluster-XXXX/brick` is created (`gluster --mode=script volume create
-  NAME HOST:BRICK force`) and started; the image already in `jail` is moved aside and copied in
-  through the harness's client, mounted at `jail` for the lifetime of the context in a private
-  mount namespace of the calling thread (`_own_mount_ns`: the chaos runner and the fixtures read and
-  write the jail at one path; the host's namespace never holds it). Each node gets a
+* `gluster`: glusterd, a volume on a brick of this run, and the harness's own client mounted at
+  `jail` for the lifetime of the context in a private mount namespace of the calling thread (the
+  chaos runner and the fixtures read and write the jail at one path; the host's namespace never
+  holds it): gluster.py, whose `GlusterVolume` is JailFS's GlusterFS half. Each node gets a
   *client holder*: a process in a private mount namespace of its own (`unshare --mount`) in which a
   second FUSE client is mounted over `jail`; the node's agent enters that namespace before it makes
-  its own (node.py, `mount_ns`), so each node looks the jail up through its own client, with its own
+  its own (namespaces.py, `mount_ns`), so each node looks the jail up through its own client, with its own
   dentry and attribute caches (K-2: a remote unlink detaches at that node's next lookup). The client
   daemon lives in the host's PID namespace and keeps the holder's mount namespace: on exit every
   client is unmounted in its own namespace (`nsenter -t HOLDER -m umount JAIL`), its holder killed
@@ -37,9 +33,10 @@ Kinds (KINDS):
   node-local, like NFS with `local_lock=all`). The harness uses the directory itself.
 
 `provide(..., cache_timeout=0)` makes the nodes' GlusterFS clients and bindfs views revalidate at every lookup (the
-suites' choice, CHAOS_CACHE_TIMEOUT). `fleet_class(kernel.Fleet, kind, faults)` is the Fleet the
-suites use: the file system around each fleet's life, each node started from its client's
-namespace, and the scenario's network faults (`NetFault`) injected and recorded in the history.
+suites' choice). `NetFault` is a network fault as scenario data; jailfs_fleet.py's
+`fleet_class(kernel.Fleet, kind, faults)` is the Fleet the suites use: the file system around each
+fleet's life, each node started from its client's namespace, and the faults injected and recorded.
+The daemons are host processes, found and stopped through /proc (fs_processes.py).
 
 A SIGKILLed or SIGTERMed harness (pytest does not turn SIGTERM into cleanup; `gpujail run` does)
 leaves glusterd, the brick and the clients running: stop them by the pids `leftovers()` names.
@@ -51,36 +48,23 @@ docker.io); the command and the plugin turn the reason into exit 3 or a skip.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import fcntl
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpujail.world.sysops import MS_PRIVATE, MS_REC, RealSys
+from gpujail.backends.fs_processes import CALL_TIMEOUT, Unavailable, alive, kill, ns_pids, which
+from gpujail.backends.gluster import GLUSTER_RUN, GlusterVolume, machine_lock, own_mount_ns
 
 KINDS = ("local", "gluster", "nodelocal-locks")
 PACKAGES = {"gluster": {"glusterd": "glusterfs-server", "mount.glusterfs": "glusterfs-client"},
             "nodelocal-locks": {"bindfs": "bindfs"}}
-GLUSTER_RUN = Path("/run/gluster")   # where glusterd puts brick sockets whatever its run-directory
-CALL_TIMEOUT = 60.0
-CLONE_NEWNS = 0x00020000
-_libc = ctypes.CDLL(None, use_errno=True)
-_sys = RealSys()
-
-
-class Unavailable(RuntimeError):
-    """This host cannot provide the kind asked for (exit 3, EXIT["backend"])."""
 
 
 def unavailable(kind: str, install: bool = True) -> str | None:
@@ -93,58 +77,15 @@ def unavailable(kind: str, install: bool = True) -> str | None:
         return f"jail filesystem {kind!r} needs root (FUSE mounts in each node's namespace)"
     if not os.path.exists("/dev/fuse"):
         return f"jail filesystem {kind!r} needs FUSE, and this host has no /dev/fuse"
-    missing = sorted({pkg for prog, pkg in PACKAGES[kind].items() if not _which(prog)})
+    missing = sorted({pkg for prog, pkg in PACKAGES[kind].items() if not which(prog)})
     if missing and install and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
             subprocess.run(argv, env=env, capture_output=True, timeout=600)
-        missing = sorted({pkg for prog, pkg in PACKAGES[kind].items() if not _which(prog)})
+        missing = sorted({pkg for prog, pkg in PACKAGES[kind].items() if not which(prog)})
     if missing:
         return f"jail filesystem {kind!r} needs the Debian package(s) {', '.join(missing)}, not installed"
     return None
-
-
-def _which(prog: str) -> str | None:
-    return shutil.which(prog, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
-
-
-def _run(argv: list[str], what: str, timeout: float = CALL_TIMEOUT) -> str:
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError(f"{what}: {' '.join(argv)}: exit {r.returncode}: {(r.stderr or r.stdout).strip()[-500:]}")
-    return r.stdout
-
-
-def _kill(pid: int, sig: int = signal.SIGKILL, wait: float = 10.0) -> None:
-    """Signal `pid` and wait until it is gone (or a zombie awaiting its reaper)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-    deadline = time.monotonic() + wait
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError, ProcessLookupError):
-        return False
-
-
-def _ns_pids(holder: int) -> list[int]:
-    """The processes in `holder`'s mount namespace besides itself (the FUSE client daemon)."""
-    try:
-        ns = os.readlink(f"/proc/{holder}/ns/mnt")
-    except OSError:
-        return []
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) != holder:
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{d}/ns/mnt") == ns and _alive(int(d)):
-                    out.append(int(d))
-    return out
 
 
 @dataclass
@@ -163,11 +104,11 @@ class Client:
         return self.holder.poll() is None
 
     def daemons(self) -> list[int]:
-        return _ns_pids(self.holder.pid)
+        return ns_pids(self.holder.pid)
 
 
 @dataclass
-class JailFS:
+class JailFS(GlusterVolume):
     kind: str
     run_dir: Path
     jail: Path
@@ -217,67 +158,13 @@ class JailFS:
             subprocess.run(["nsenter", "-t", str(client.holder.pid), "-m", "umount", "-l", str(self.jail)],
                            capture_output=True, timeout=CALL_TIMEOUT)
         for pid in client.daemons():   # a client daemon outlives its unmount only when it is wedged
-            _kill(pid, signal.SIGTERM, wait=5)
-            _kill(pid)
+            kill(pid, signal.SIGTERM, wait=5)
+            kill(pid)
         if client.holder.poll() is None:
             client.holder.kill()
         client.holder.wait()
         for f in (client.holder.stdout, client.holder.stderr):
             f.close()
-
-    # -- faults only a network file system has (SPEC section 7) ---------------------------------------
-
-    def _gluster(self, *args: str, timeout: float = CALL_TIMEOUT) -> str:
-        return _run(["gluster", "--mode=script", f"--glusterd-sock={self._gluster_sock}",
-                     f"--log-file={self.state}/log/cli.log", *args], "gluster", timeout)
-
-    def brick_pids(self) -> list[int]:
-        pids = []
-        for f in (self.state / "run/vols" / self.volume).glob("*.pid"):
-            with contextlib.suppress(ValueError, OSError):
-                pid = int(f.read_text().strip())
-                if _alive(pid):
-                    pids.append(pid)
-        return pids
-
-    def kill_brick(self) -> list[int]:
-        """SIGKILL the brick process: every client gets ENOTCONN/EIO until `restart_brick`."""
-        pids = self.brick_pids()
-        for pid in pids:
-            _kill(pid)
-        # A killed brick may stay a zombie (its reaper is whoever adopted the daemon), and glusterd
-        # takes a pid file naming an existing /proc entry for a running brick: without the file,
-        # `volume start force` starts a new one.
-        for f in (self.state / "run/vols" / self.volume).glob("*.pid"):
-            f.unlink(missing_ok=True)
-        return pids
-
-    def restart_brick(self, timeout: float = 30.0) -> None:
-        """Start the brick again and wait until the harness's client reads the jail again (clients
-        reconnect on their own, within seconds): the harness's after-run snapshot must see the jail."""
-        self._gluster("volume", "start", self.volume, "force")
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                os.listdir(self.jail)
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def set_latency(self, ms: float, percent: int = 100) -> None:
-        """Latency on every file operation of the brick (GlusterFS's delay-gen translator); 0 clears it."""
-        if ms <= 0:
-            self._gluster("volume", "reset", self.volume, "delay-gen.enable")
-            self._gluster("volume", "set", self.volume, "debug.delay-gen", "off")
-            return
-        self._gluster("volume", "set", self.volume, "debug.delay-gen", "posix")
-        self._gluster("volume", "set", self.volume, "delay-gen.delay-duration", str(int(ms * 1000)))
-        self._gluster("volume", "set", self.volume, "delay-gen.delay-percentage", str(percent))
-        self._gluster("volume", "set", self.volume, "delay-gen.enable", "lookup,stat,open,create,mkdir,"
-                      "unlink,rename,read,write,flush,fsync,readdir,readdirp,setxattr,getxattr,inodelk,"
-                      "entrylk,lk,symlink,link,truncate,ftruncate,setattr,fsetattr")
 
     def lose_client(self, node_id: str) -> list[int]:
         """The node's client goes away under it (its FUSE daemon is killed): the node's jail answers
@@ -285,7 +172,7 @@ class JailFS:
         client = self.clients.get(node_id)
         pids = client.daemons() if client else []
         for pid in pids:
-            _kill(pid)
+            kill(pid)
         return pids
 
     # -- what outlived it (INV-6) --------------------------------------------------------------------
@@ -311,7 +198,7 @@ class JailFS:
             if d.isdigit():
                 with contextlib.suppress(OSError):
                     cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
-                    if str(self.run_dir) in cmd and re.search(r"gluster|bindfs", cmd) and _alive(int(d)):
+                    if str(self.run_dir) in cmd and re.search(r"gluster|bindfs", cmd) and alive(int(d)):
                         out.append((int(d), cmd))
         return out
 
@@ -322,144 +209,8 @@ class JailFS:
         while self._daemons() and time.monotonic() < deadline:
             time.sleep(0.05)
         for pid, _ in self._daemons():
-            _kill(pid, signal.SIGTERM, wait=3)
-            _kill(pid)
-
-    # -- up and down ---------------------------------------------------------------------------------
-
-    def _start_gluster(self) -> None:
-        # A directory of its own each time: a brick that held a volume cannot make another one.
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        g = self.state = Path(tempfile.mkdtemp(prefix="gluster-", dir=self.run_dir))
-        for d in ("work", "log", "brick"):
-            (g / d).mkdir(parents=True, exist_ok=True)
-        # glusterd's sockets live in its run directory, and a unix socket's path must fit in 108
-        # bytes: a short directory of its own (g/run links to it), removed in _stop_gluster
-        self._run_short = Path(tempfile.mkdtemp(prefix="gpujail-glusterd-", dir="/tmp"))
-        (g / "run").symlink_to(self._run_short)
-        self._gluster_sock = str(self._run_short / "glusterd.sock")
-        (g / "glusterd.vol").write_text(f"""volume management
-    type mgmt/glusterd
-    option working-directory {g}/work
-    option run-directory {self._run_short}
-    option logging-directory {g}/log
-    option glusterd-sockfile {self._gluster_sock}
-    option transport-type socket
-    option transport.socket.listen-port 24007
-    option ping-timeout 0
-    option event-threads 1
-end-volume
-""")
-        self._run_before = set(os.listdir(GLUSTER_RUN)) if GLUSTER_RUN.is_dir() else set()
-        self._glusterd = subprocess.Popen(["glusterd", "-N", "-f", str(g / "glusterd.vol"),
-                                           "-p", str(self._run_short / "glusterd.pid"),
-                                           "-l", str(g / "log/glusterd.log"), "--log-level", "WARNING"],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                          start_new_session=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self._gluster("volume", "list", timeout=10)
-                break
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
-                if self._glusterd.poll() is not None:
-                    raise Unavailable(f"glusterd exited at start-up (code {self._glusterd.returncode}): "
-                                      f"{self._glusterd.stderr.read().decode(errors='replace').strip()[-300:]}") from e
-                if time.monotonic() > deadline:
-                    raise Unavailable(f"glusterd did not answer within 60 s: {e}") from e
-                time.sleep(0.1)
-        self.volume = f"gpujail{os.getpid()}x{int(time.time() * 1000) % 100000}"
-        host = socket.gethostname()   # glusterd refuses localhost and loopback addresses for bricks
-        self._gluster("volume", "create", self.volume, f"{host}:{g / 'brick'}", "force")
-        self._gluster("volume", "start", self.volume)
-        self._mount_cmd = ["mount", "-t", "glusterfs", "-o", f"log-file={g}/log/client.log,log-level=WARNING",
-                           f"{host}:/{self.volume}", str(self.jail)]
-
-    def _stop_gluster(self) -> None:
-        if self._harness_mounted:
-            subprocess.run(["umount", "-l", str(self.jail)], capture_output=True, timeout=CALL_TIMEOUT)
-            self._harness_mounted = False
-        if self.volume and self._glusterd and self._glusterd.poll() is None:
-            for args in (("volume", "stop", self.volume, "force"), ("volume", "delete", self.volume)):
-                with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-                    self._gluster(*args)
-        for pid in self.brick_pids():   # stop failed: the brick is ours, by its pid file
-            _kill(pid)
-        if self._glusterd:
-            if self._glusterd.poll() is None:
-                self._glusterd.terminate()
-                try:
-                    self._glusterd.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._glusterd.kill()
-                    self._glusterd.wait()
-            self._glusterd.stderr.close()
-        if GLUSTER_RUN.is_dir():   # brick sockets glusterd does not remove when it stops
-            for name in set(os.listdir(GLUSTER_RUN)) - self._run_before:
-                path = GLUSTER_RUN / name
-                with contextlib.suppress(OSError):
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        if self._run_short:
-            shutil.rmtree(self._run_short, ignore_errors=True)
-
-    def _seed_through_harness_client(self) -> None:
-        """Move the image in `jail` aside, mount the harness's client at `jail`, copy the image in."""
-        seed = self.jail.with_name(self.jail.name + ".seed")
-        self.jail.rename(seed)
-        self.jail.mkdir()
-        _run(self._mount_cmd, "mounting the harness's gluster client")
-        self._harness_mounted = True
-        _run(["cp", "-a", f"{seed}/.", str(self.jail)], "copying the jail image into the volume", timeout=300)
-        shutil.rmtree(seed)
-
-
-@contextlib.contextmanager
-def _own_mount_ns() -> Iterator[None]:
-    """This thread, and the threads and processes it starts from now on, in a private copy of its
-    mount namespace: the harness's client is mounted there, never in the host's namespace, where
-    every namespace made meanwhile (other runs' nodes) would copy it, and see it fail in a brick
-    outage. (unshare(CLONE_NEWNS) gives the calling thread alone its own namespace.) On exit this
-    thread goes back, unless threads it started still share its file system context: then it stays
-    in the copy, whose own mounts are gone by then."""
-    back = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY)
-    cwd = os.open(".", os.O_PATH | os.O_DIRECTORY)   # setns(2) moves the thread to the root: back here after
-    try:
-        if _libc.unshare(CLONE_NEWNS) != 0:
-            e = ctypes.get_errno()
-            raise Unavailable(f"cannot make a private mount namespace for the harness's client: {os.strerror(e)}")
-        _sys.mount(None, "/", None, MS_REC | MS_PRIVATE)
-        yield
-    finally:
-        _libc.setns(back, CLONE_NEWNS)
-        os.fchdir(cwd)
-        os.close(cwd)
-        os.close(back)
-
-
-@contextlib.contextmanager
-def _machine_lock(kind: str, timeout: float) -> Iterator[None]:
-    """One gluster run per machine (glusterd's port 24007 is fixed): a flock on the glusterd binary,
-    which every run opens read-only, so no lock file is left anywhere."""
-    if kind != "gluster":
-        yield
-        return
-    fd = os.open(_which("glusterd"), os.O_RDONLY)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise Unavailable(f"another gluster run held this machine's glusterd for {timeout:g} s") from None
-                time.sleep(0.2)
-        if subprocess.run(["pgrep", "-x", "glusterd"], capture_output=True).returncode == 0:
-            raise Unavailable("a glusterd not started by gpujail already runs on this machine (port 24007)")
-        yield
-    finally:
-        os.close(fd)
-
+            kill(pid, signal.SIGTERM, wait=3)
+            kill(pid)
 
 @contextlib.contextmanager
 def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | None = None,
@@ -476,7 +227,7 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
     jail = Path(jail) if jail is not None else run_dir / "jail"
     jail.mkdir(parents=True, exist_ok=True)
     fs = JailFS(kind, run_dir, jail)
-    with _machine_lock(kind, lock_timeout), (_own_mount_ns() if kind == "gluster" else contextlib.nullcontext()):
+    with machine_lock(kind, lock_timeout), (own_mount_ns() if kind == "gluster" else contextlib.nullcontext()):
         try:
             if kind == "gluster":
                 fs._start_gluster()
@@ -503,7 +254,7 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
             fs._end_daemons()
 
 
-# -- a fleet on a jail file system -------------------------------------------------------------------
+# -- the faults a scenario may ask of a network jail (jailfs_fleet.py injects them) ---------------------
 
 @dataclass(frozen=True)
 class NetFault:
@@ -522,94 +273,3 @@ class NetFault:
 
 
 NET_FAULTS = ("kill-brick", "latency", "lose-client")
-# The suites' nodes revalidate at every lookup: a file another node removed is then detached at the
-# victim's very next probe (K-2 still: at its lookup, not at the unlink). With GlusterFS's default
-# 1 s cache, a loss in a run's last second would show only after the run, when nobody looks.
-CHAOS_CACHE_TIMEOUT = 0.0
-
-
-def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] = ()):
-    """`base` (kernel.Fleet) whose fleets see the jail on `kind`: `recording(jail, run_dir, seed)`
-    provides the file system around the fleet's life (see the module's doc), and `faults` are
-    injected from a thread while it runs, each recorded as `jailfs.fault` and `jailfs.clear`."""
-    if kind == "local" and not faults:
-        return base
-
-    class OnJailFS(base):
-        jail_fs = kind
-
-        def __enter__(self):
-            self._fs_cm = provide(kind, self.env_run_dir(), self.jail, cache_timeout=CHAOS_CACHE_TIMEOUT)
-            self.jailfs = self._fs_cm.__enter__()
-            self._stop, self._faulty = threading.Event(), threading.Event()
-            self._nemesis = [threading.Thread(target=self._inject, args=(f,), daemon=True) for f in faults]
-            for t in self._nemesis:
-                t.start()
-            return super().__enter__()
-
-        def start(self, node_id: str, *args, **kw):
-            """A node is started through its client; while a fault keeps the jail unreachable the
-            node cannot be set up (its /dev and /run are bound into the jail), and it is set up
-            again once the fault clears, as an orchestrator retries a container it could not create."""
-            while True:
-                try:
-                    return super().start(node_id, *args, **kw)
-                except RuntimeError as e:
-                    if "Transport endpoint is not connected" not in str(e) or not self._faulty.is_set():
-                        raise
-                    self.nodes = [n for n in self.nodes if n.alive]
-                    while self._faulty.is_set() and not self._stop.is_set():
-                        self._stop.wait(0.05)
-                    self._stop.wait(0.5)   # the clients reconnect (GlusterFS: about a second)
-
-        def env_run_dir(self) -> Path:
-            from gpujail.world import history
-            hist = self.env.get(history.ENV)
-            return Path(hist).parent if hist else self.jail.parent
-
-        def _inject(self, f: NetFault) -> None:
-            from gpujail.world import history
-            hist = self.env.get(history.ENV)
-            log = lambda k, **kw: history.append(hist, k, node="host", **kw)   # noqa: E731
-            kind, n = ("worker.ready", f.after_ready) if f.after_ready else ("worker.start", 1)
-            while not self._stop.is_set() and sum(1 for e in history.load(hist or "") if e.get("kind") == kind) < n:
-                self._stop.wait(0.02)
-            if self._stop.wait(f.delay) or self._stop.is_set():
-                return
-            fs = self.jailfs
-            self._faulty.set()
-            began = time.monotonic()   # the fault acts from here on, before its event is written
-            if f.fault == "kill-brick":
-                pids = fs.kill_brick()
-            elif f.fault == "latency":
-                fs.set_latency(f.ms)
-                pids = []
-            else:
-                pids = fs.lose_client(f.worker)
-            log("jailfs.fault", fault=f.fault, worker=f.worker, pids=pids, began=began)
-            self._stop.wait(f.hold)
-            if f.fault == "kill-brick":
-                fs.restart_brick()
-            elif f.fault == "latency":
-                fs.set_latency(0)
-            log("jailfs.clear", fault=f.fault, worker=f.worker)
-            self._faulty.clear()
-
-        def leftovers(self) -> list[str]:
-            return super().leftovers() + self._fs_left
-
-        def __exit__(self, *exc):
-            self._stop.set()
-            try:
-                super().__exit__(*exc)
-            finally:
-                for t in self._nemesis:
-                    t.join(timeout=CALL_TIMEOUT)
-                fs = self.jailfs
-                self._fs_cm.__exit__(*exc)
-                self._fs_left = fs.leftovers()
-
-        _fs_left: list[str] = []
-
-    OnJailFS.__name__ = f"{base.__name__}On{kind.title().replace('-', '')}"
-    return OnJailFS

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujail import ROOT
-from gpujail.backends import warm
+from gpujail.backends import node_factory, warm
 from gpujail.fixtures import BIN, cdi_spec, drivers, syscall_faults
 from gpujail.spec import start_timeout
 from gpujail.world import history
 
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpujail-node-spawner")
-_FACTORY: list[warm.Factory] = []
+_FACTORY: list[node_factory.Factory] = []
 _FACTORY_LOCK = threading.Lock()
 
 
@@ -43,15 +43,15 @@ def start_factory() -> None:
         _factory()
 
 
-def _factory() -> warm.Factory:
-    """This process's node factory (warm.py, 1), started on first use and again if it died; from
+def _factory() -> node_factory.Factory:
+    """This process's node factory (node_factory.py, warm path 1), started on first use and again if it died; from
     the spawner thread, as the nodes were, so that it dies with this process."""
     with _FACTORY_LOCK:
         if not _FACTORY or not _FACTORY[0].alive:
             def popen(argv, fds):
                 return _SPAWNER.submit(subprocess.Popen, argv, cwd=ROOT, pass_fds=fds, stdin=subprocess.DEVNULL,
                                        env=_node_env(), start_new_session=True).result()
-            _FACTORY[:] = [warm.Factory(popen)]
+            _FACTORY[:] = [node_factory.Factory(popen)]
         return _FACTORY[0]
 
 

@@ -123,10 +123,10 @@ def checked_path(path: str) -> str:
 def private_mount_namespace() -> str | None:
     """Move this process into a mount namespace of its own, for the detach check's bind mount (gone
     with the process). Returns why not, or None."""
-    from gpujail.backends.node import CLONE_NEWNS, _unshare
+    from gpujail.backends.namespaces import CLONE_NEWNS, unshare
     from gpujail.world.sysops import MS_PRIVATE, MS_REC, RealSys
     try:
-        _unshare(CLONE_NEWNS)
+        unshare(CLONE_NEWNS)
         RealSys().mount(None, "/", None, MS_REC | MS_PRIVATE)
     except OSError as e:
         return f"not measured: no private mount namespace ({e.strerror}); run as root or under `unshare -Urm`"

@@ -10,7 +10,7 @@ run directory, which the coordinator made on the shared file system. Its index i
 `$SLURM_PROCID`, else `$JOB_COMPLETION_INDEX`, else 0. It:
 
 1. reads `DIR/run.json`, writes `DIR/nodes/I/agent.json` (host, pid, boot id, Slurm job id): its hello;
-2. answers the requests of `CHANNELS/I/` (gpujail/backends/node.py's file transport; CHANNELS is
+2. answers the requests of `CHANNELS/I/` (gpujail/backends/file_channel.py's file transport; CHANNELS is
    run.json's `channels`, `DIR/nodes` unless the launcher chose a local tmpfs), each in a
    thread of its own, since a start may block for seconds while the next probe or kill must not:
    `clock` (its monotonic clock, for the coordinator's rendezvous), `start` (a worker node made
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from gpujail.backends import kernel
-from gpujail.backends.node import FileChannel
+from gpujail.backends.file_channel import FileChannel
 from gpujail.world import history
 
 ORPHANED = 30.0   # seconds without a heartbeat after which an agent gives up its coordinator

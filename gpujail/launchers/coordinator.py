@@ -45,7 +45,7 @@ from pathlib import Path
 
 from gpujail import launchers
 from gpujail.backends import kernel
-from gpujail.backends.node import FileChannel
+from gpujail.backends.file_channel import FileChannel
 from gpujail.spec import DEFAULT_WORKERS, EXIT
 from gpujail.world import history
 

@@ -101,11 +101,11 @@ _kind("chaos.ldconfig", "chaos/nemesis.py", "view:str code:int|str",
       "(view blind) or its own driver's (view gpu)")
 _kind("chaos.fault", "chaos/runner.py", "worker:str failpoint:str term:str start:int?",
       "one failpoint armed for a worker's first start (or its `start`-th; the nemesis's plan, not yet its effect)")
-_kind("jailfs.fault", "gpujail/backends/jailfs.py", "fault:str worker:str pids:list began:num?",
+_kind("jailfs.fault", "gpujail/backends/jailfs_fleet.py", "fault:str worker:str pids:list began:num?",
       "a fault only a network jail has began: the brick killed, latency on every brick operation, or a "
       "node's client killed under it (`pids`: the processes killed; `began`: when the harness started "
       "it, on the history's clock, before the event was written once it was done)")
-_kind("jailfs.clear", "gpujail/backends/jailfs.py", "fault:str worker:str",
+_kind("jailfs.clear", "gpujail/backends/jailfs_fleet.py", "fault:str worker:str",
       "that fault clears: the brick restarted, the latency removed (a lost client stays lost for its node)")
 _kind("chaos.kill", "chaos/nemesis.py", "worker:str barrier:str",
       "the runner SIGKILLs a worker's node at a barrier (no cleanup runs)")
@@ -135,18 +135,18 @@ _kind("sched.step", "gpujail/world/schedule.py",
 _kind("chaos.end", "chaos/runner.py", "",
       "every worker finished; the last probe round is done")
 
-# -- the node agent (gpujail/backends/node.py): one per node ---------------------------------------
+# -- the node agent (gpujail/backends/node.py and its node_*.py): one per node -----------------------
 _kind("node.up", "gpujail/backends/node.py", "",
       "a node's namespaces and /dev view are set up; its agent takes requests")
-_kind("impl.start", "gpujail/backends/node.py", "argv:list",
+_kind("impl.start", "gpujail/backends/node_starts.py", "argv:list",
       "the node starts a command (an implementation, seen from outside)")
-_kind("impl.exit", "gpujail/backends/node.py", "code:int|str duration:num? stderr:str? error:str?",
+_kind("impl.exit", "gpujail/backends/node_starts.py", "code:int|str duration:num? stderr:str? error:str?",
       "that command ended: exit code (or \"timeout\"), or `error` when it could not be started")
-_kind("impl.outside", "gpujail/backends/node.py", "changes:list",
+_kind("impl.outside", "gpujail/backends/node_starts.py", "changes:list",
       "what that command did outside the jail, seen through the node's copy-on-write view of the host "
       "(cow.py): never done to the host, and a REF-11 / INV-3 violation",
       changes="path:str change:str mode:int")
-_kind("probe", "gpujail/backends/node.py", "results:list asked:list?",
+_kind("probe", "gpujail/backends/node_probes.py", "results:list asked:list?",
       "what a GPU job on the node sees at each driver file: attached, size, same bytes, loader; for a "
       "soname looked up through the jail's linker cache, also `lookup` and what it `resolved` to; `asked`: "
       "every file the round was asked about (a round that leaves one out is short)",

@@ -76,7 +76,7 @@ def _write(path: str | None, kind: str, fields: dict) -> None:
 
 
 def reopen() -> None:
-    """After a fork whose child closed the descriptors it inherited (gpujail/backends/warm.py): the
+    """After a fork whose child closed the descriptors it inherited (gpujail/backends/cli_server.py): the
     next record opens the file again rather than write to a number that is no longer its."""
     global _fd, _path
     _fd = _path = None

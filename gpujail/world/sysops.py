@@ -91,7 +91,7 @@ class LockTimeout(Exception):
 
 # How `run` may start a program without an exec: (argv, timeout) -> (code, stdout, stderr), or None
 # for "exec it". Set in a bundled implementation its node forked warm, for the bundled fake CLI
-# (gpujail/backends/warm.py, 3); None everywhere else.
+# (gpujail/backends/cli_server.py); None everywhere else.
 run_without_exec = None
 
 

@@ -138,7 +138,7 @@ class ModelFS:
 
     def namespace(self, name: str) -> Namespace:
         """A worker's namespace: node-local /dev (its device nodes) and /run, bound over the host's
-        and the jail's, as gpujail/backends/node.py does with tmpfs."""
+        and the jail's, as gpujail/backends/node_view.py does with tmpfs."""
         ns = Namespace(name)
         self.namespaces.append(ns)
         local = {d: Inode(S_IFDIR | 0o755) for d in ("dev", "run")}

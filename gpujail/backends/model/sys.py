@@ -13,7 +13,7 @@ ever see this interface. Two calls are more than one system call:
 * `lock(fd)` blocks the worker (not runnable) until the flock is free, or times out in virtual
   time when nobody who could release it can run (REF-5's bounded wait).
 
-Each worker's jail has its own procfs on JAIL/proc, as a kernel node's has (gpujail/backends/node.py):
+Each worker's jail has its own procfs on JAIL/proc, as a kernel node's has (gpujail/backends/node_view.py):
 `stat` shows `JAIL/proc/<pid>` for the calling process and its ancestors in the worker (`/proc/<pid>`
 too: the host's), `getppid` names the parent, and `setns(".../<pid>/ns/mnt")` moves the calling
 process into that process's namespace. So a standalone CLI finds its parent and mounts where its

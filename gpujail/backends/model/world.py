@@ -255,7 +255,7 @@ class World(Simulation):
                 self.probe(w)
 
     def probe(self, w: Worker) -> None:
-        """What a GPU job on `w` sees at each of its files, as gpujail/backends/node.py's probe says it."""
+        """What a GPU job on `w` sees at each of its files, as gpujail/backends/node_probes.py's probe says it."""
         results = []
         for f in self.files:
             try:

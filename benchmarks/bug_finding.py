@@ -1,0 +1,148 @@
+"""Figures of bug finding: how often, and how fast, the scenarios catch what they are for.
+
+How this works
+--------------
+Each figure runs chaos scenarios (chaos/runner.py) against an implementation known to have the bug
+and one known not to, on the same seeds, and counts the runs that end in a violation, with the
+median time from a run's start to its first violation (`first_violation_s`; a violation of the
+final state counts at the run's end):
+
+  seed-bug      legacy against reference on cold-race, deterministic and randomised, 2 and 8 workers
+  real-reports  each scenario from real reports against legacy and its matching mutant
+  cdi           the CDI scenarios against cdi-naive, and cdi on the same seeds
+  windows       per scenario, the fraction of seeded-random reference runs that open every fault
+                window it declares (a run that opens none proves nothing)
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from gpujail.benchmarks.measure import Row, median
+from gpujail.chaos import runner, scenario
+
+from gpujail.world import history
+
+# -- seed bug ---------------------------------------------------------------------------------------
+
+def seed_bug(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    runs = 3 if quick else 20
+    rows, raw = [], {}
+    for name in ("cold-race", "cold-race-random"):
+        for workers in (2, 8):
+            sc = dataclasses.replace(scenario.load(name), gpu_workers=workers)
+            result = {}
+            for impl in ("legacy", "reference"):
+                times, broken = [], 0
+                for seed in range(runs):
+                    t = first_violation_s(runner.run(sc, impl, tmp / f"{name}-{workers}-{impl}-{seed}", seed=seed))
+                    if t is not None:
+                        broken += 1
+                        times.append(t)
+                result[impl] = {"runs": runs, "violations": broken, "median_s_to_violation": median(times)}
+            raw[f"{name}/{workers}"] = result
+            lg = result["legacy"]
+            when = f", median {lg['median_s_to_violation']:.2f} s to the first lost file" if lg["violations"] else ""
+            rows.append(Row(f"seed bug, legacy, {name}, {workers} workers", f"{lg['violations']}/{runs}{when}",
+                            f"reference {result['reference']['violations']}/{runs}"))
+    return rows, raw
+
+
+# -- real-report scenarios (issue 17) ------------------------------------------------------------
+
+# Each new scenario, and the implementations that lack what it checks: legacy and the matching mutant.
+REAL_REPORTS = {"upgraded-jail": "mutant:zero-byte-counts-present", "mixed-drivers": "mutant:soname-links",
+                "cuda-image": "mutant:compat-mount", "ldcache-rewrite": "mutant:soname-links",
+                "ldconfig-blind-winner": "mutant:ldconfig-winner-only"}
+
+
+def first_violation_s(r) -> float | None:
+    """Seconds from the run's start to its first violation, None when the run found none. A violation
+    of the final state (INV-3's jail hygiene, INV-6's residue) has no event: it counts at the run's end."""
+    if r.verdict.valid is not False:
+        return None
+    events = history.load(str(r.history_path))
+    begin = next(e["t"] for e in events if e["kind"] == "chaos.begin")
+    event = r.verdict.first_violation or next((e for e in reversed(events) if e["kind"] == "chaos.end"), events[-1])
+    return event["t"] - begin
+
+
+def _caught(tmp: Path, name: str, impl: str, runs: int) -> tuple[list[float], int]:
+    """Scenario `name`, deterministic form, against `impl` on seeds 0..runs-1: the times from each
+    run's start to its first violation (one per run that caught it), and the runs that could not start."""
+    sc = scenario.load(name)
+    times, errors = [], 0
+    for seed in range(runs):
+        try:   # a node that cannot be set up (the host changed under it) is counted, not fatal
+            t = first_violation_s(runner.run(sc, impl, tmp / f"{name}-{impl}-{seed}".replace(":", "_"), seed=seed))
+        except RuntimeError:
+            errors += 1
+            continue
+        if t is not None:
+            times.append(t)
+    return times, errors
+
+
+def _caught_row(raw: dict, name: str, impl: str, runs: int, times: list[float], errors: int, comparison: str = "") -> Row:
+    raw[f"{name}/{impl}"] = {"runs": runs, "caught": len(times), "errors": errors, "median_s_to_violation": median(times)}
+    when = f", median {median(times):.2f} s to the first violation" if times else ""
+    return Row(f"{name}, deterministic, {impl}", f"caught {len(times)}/{runs - errors}{when}",
+               "; ".join(filter(None, [comparison, f"{errors} runs could not start" if errors else ""])))
+
+
+def real_reports(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """Each real-report scenario, deterministic form, against legacy and its matching mutant: how
+    many runs catch it (a violation) and the median time from the run's start to the first one."""
+    runs = 3 if quick else 20
+    rows, raw = [], {}
+    for name, mutant in REAL_REPORTS.items():
+        for impl in ("legacy", mutant):
+            rows.append(_caught_row(raw, name, impl, runs, *_caught(tmp, name, impl, runs)))
+    return rows, raw
+
+
+# The CDI path's scenarios (issue 27, SPEC section 9): a runtime applying the spec (cdi-naive) against the
+# fixed procedure on the CDI file set (cdi).
+CDI_SCENARIOS = ("cdi-half-migrated", "cdi-two-drivers", "cdi-first-starts", "cdi-ref12-fleet")
+
+
+def cdi(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """Each CDI scenario, deterministic form, against cdi-naive: caught n/20 and the median time from
+    the run's start to the first violation; cdi on the same seeds."""
+    runs = 3 if quick else 20
+    rows, raw = [], {}
+    for name in CDI_SCENARIOS:
+        fixed, fixed_errors = _caught(tmp, name, "cdi", runs)
+        raw[f"{name}/cdi"] = {"runs": runs, "caught": len(fixed), "errors": fixed_errors}
+        rows.append(_caught_row(raw, name, "cdi-naive", runs, *_caught(tmp, name, "cdi-naive", runs),
+                                comparison=f"cdi {len(fixed)}/{runs - fixed_errors}"))
+    return rows, raw
+
+
+def windows(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """Per scenario, the fraction of seeded-random runs against reference that open every fault
+    window the scenario declares: a random run that opens none proves nothing (it is
+    INCONCLUSIVE), so this is what a random run is worth (aim: above one half). The opt-in scale
+    scenario (128 workers) runs twice, and not at all with --quick."""
+    rows, raw = [], {}
+    for name in scenario.names():
+        sc = scenario.load(name)
+        if not sc.windows or (sc.scale and quick):
+            continue
+        runs = 2 if quick or sc.scale else 10
+        sc = sc.randomised()
+        opened = {w: 0 for w in sc.windows}
+        done = every = 0
+        for seed in range(runs):
+            try:
+                r = runner.run(sc, "reference", tmp / f"{name}-{seed}", seed=1000 + seed)
+            except RuntimeError:
+                continue
+            done += 1
+            every += not r.unopened()
+            for w, (ok, _) in r.windows.items():
+                opened[w] += ok
+        raw[name] = {"runs": done, "opened": opened, "every_window": every}
+        rows.append(Row(f"windows opened, {name} (random, reference)", f"{every}/{done} runs opened every window",
+                        ", ".join(f"{w} {n}/{done}" for w, n in opened.items()) if len(opened) > 1 else ""))
+    return rows, raw

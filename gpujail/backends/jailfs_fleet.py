@@ -1,0 +1,114 @@
+"""A fleet whose nodes see the jail on a jail file system, with the scenario's network faults.
+
+How this works
+--------------
+`fleet_class(kernel.Fleet, kind, faults)` is the Fleet the suites use for `--jail-fs KIND` and for
+a scenario's `net_faults`: a subclass whose `recording(...)` provides the file system (jailfs.py
+`provide`) around the fleet's life, starts each node from its own client's mount namespace, and
+runs one thread per fault (`NetFault`, the nemesis), which waits for its trigger (N workers ready),
+injects the fault (kill the brick, add latency, lose a node's client), records `jailfs.fault` in
+the history, holds it, clears it and records `jailfs.clear`. While a fault keeps the jail
+unreachable a node cannot be set up: it is set up again once the fault clears, as an
+orchestrator retries a container it could not create. What of the file system outlived the fleet
+joins the fleet's `leftovers()` (INV-6).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from gpujail.backends.fs_processes import CALL_TIMEOUT
+from gpujail.backends.jailfs import NetFault, provide
+
+# The suites' nodes revalidate at every lookup: a file another node removed is then detached at the
+# victim's very next probe (K-2 still: at its lookup, not at the unlink). With GlusterFS's default
+# 1 s cache, a loss in a run's last second would show only after the run, when nobody looks.
+CHAOS_CACHE_TIMEOUT = 0.0
+
+
+def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] = ()):
+    """`base` (kernel.Fleet) whose fleets see the jail on `kind`: `recording(jail, run_dir, seed)`
+    provides the file system around the fleet's life (see the module's doc), and `faults` are
+    injected from a thread while it runs, each recorded as `jailfs.fault` and `jailfs.clear`."""
+    if kind == "local" and not faults:
+        return base
+
+    class OnJailFS(base):
+        jail_fs = kind
+
+        def __enter__(self):
+            self._fs_cm = provide(kind, self.env_run_dir(), self.jail, cache_timeout=CHAOS_CACHE_TIMEOUT)
+            self.jailfs = self._fs_cm.__enter__()
+            self._stop, self._faulty = threading.Event(), threading.Event()
+            self._nemesis = [threading.Thread(target=self._inject, args=(f,), daemon=True) for f in faults]
+            for t in self._nemesis:
+                t.start()
+            return super().__enter__()
+
+        def start(self, node_id: str, *args, **kw):
+            """A node is started through its client; while a fault keeps the jail unreachable the
+            node cannot be set up (its /dev and /run are bound into the jail), and it is set up
+            again once the fault clears, as an orchestrator retries a container it could not create."""
+            while True:
+                try:
+                    return super().start(node_id, *args, **kw)
+                except RuntimeError as e:
+                    if "Transport endpoint is not connected" not in str(e) or not self._faulty.is_set():
+                        raise
+                    self.nodes = [n for n in self.nodes if n.alive]
+                    while self._faulty.is_set() and not self._stop.is_set():
+                        self._stop.wait(0.05)
+                    self._stop.wait(0.5)   # the clients reconnect (GlusterFS: about a second)
+
+        def env_run_dir(self) -> Path:
+            from gpujail.world import history
+            hist = self.env.get(history.ENV)
+            return Path(hist).parent if hist else self.jail.parent
+
+        def _inject(self, f: NetFault) -> None:
+            from gpujail.world import history
+            hist = self.env.get(history.ENV)
+            log = lambda k, **kw: history.append(hist, k, node="host", **kw)   # noqa: E731
+            kind, n = ("worker.ready", f.after_ready) if f.after_ready else ("worker.start", 1)
+            while not self._stop.is_set() and sum(1 for e in history.load(hist or "") if e.get("kind") == kind) < n:
+                self._stop.wait(0.02)
+            if self._stop.wait(f.delay) or self._stop.is_set():
+                return
+            fs = self.jailfs
+            self._faulty.set()
+            began = time.monotonic()   # the fault acts from here on, before its event is written
+            if f.fault == "kill-brick":
+                pids = fs.kill_brick()
+            elif f.fault == "latency":
+                fs.set_latency(f.ms)
+                pids = []
+            else:
+                pids = fs.lose_client(f.worker)
+            log("jailfs.fault", fault=f.fault, worker=f.worker, pids=pids, began=began)
+            self._stop.wait(f.hold)
+            if f.fault == "kill-brick":
+                fs.restart_brick()
+            elif f.fault == "latency":
+                fs.set_latency(0)
+            log("jailfs.clear", fault=f.fault, worker=f.worker)
+            self._faulty.clear()
+
+        def leftovers(self) -> list[str]:
+            return super().leftovers() + self._fs_left
+
+        def __exit__(self, *exc):
+            self._stop.set()
+            try:
+                super().__exit__(*exc)
+            finally:
+                for t in self._nemesis:
+                    t.join(timeout=CALL_TIMEOUT)
+                fs = self.jailfs
+                self._fs_cm.__exit__(*exc)
+                self._fs_left = fs.leftovers()
+
+        _fs_left: list[str] = []
+
+    OnJailFS.__name__ = f"{base.__name__}On{kind.title().replace('-', '')}"
+    return OnJailFS

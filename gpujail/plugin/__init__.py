@@ -1,0 +1,123 @@
+"""The pytest plugin: quiet until asked; then fixtures, the `req` marker, expectations, self-checks, reports.
+
+How this works
+--------------
+Installed with the package (entry point `pytest11`), this module only adds its options, in one
+group, each also an ini key and an environment variable (gpujail/options.py). Like pytest-xdist
+and pytest-timeout it does nothing else until asked: in a project that does not use it, tests,
+fixtures and markers behave as if gpujail were absent. It acts (registers `Suite`, the real
+plugin, for this session) when
+
+* `--impl` is given (or its ini key `impl`, or `GPUJAIL_IMPL`), or
+* a conftest that sets `GPUJAIL_SUITE = True` is loaded: the suites' own (conformance/, chaos/,
+  which is how `gpujail run` and `pytest --pyargs gpujail.conformance` work from an installed
+  package) and the repository's root conftest, for the self-tests that use the fixtures.
+
+Then every option is checked first (one line per mistake, naming what was given and where: the
+validator `gpujail run` uses too), and:
+
+* `req("REF-5", ...)` names the SPEC requirements a test checks; an unknown ID is a usage error.
+* `--expectations FILE` (TOML, like web-platform-tests metadata) lists the requirement IDs and
+  tests an implementation is expected to fail, with the reason; they become strict xfails, so the
+  run is green exactly when the implementation fails what it should. A chaos test that proves
+  nothing (an invariant left UNKNOWN, a fault window never opened: it raises `Inconclusive`) is
+  `inconclusive` and fails the run, unless the file lists it under [inconclusive] with the reason:
+  then it is a strict xfail on `Inconclusive` only (`expected-inconclusive`; a pass or a violation
+  of a test so listed fails the run). Both are reported apart from passes.
+* Tests marked `self_check` (the fake CLI's fidelity and the kernel facts, CLI-* and K-*) do not
+  depend on the implementation: they run first, and once per host and code version (`--self-checks
+  once`; a cached pass is a skip saying when it was checked). They are reported apart and never
+  count for or against the implementation; one failing makes the run an error (exit 3 from pytest,
+  5 from `gpujail run`): the harness itself is wrong here, so the vendor's results say nothing.
+* `--gpujail-report FILE` writes the JSON summary (gpujail/report.py) and `report.html` beside it.
+* Fixtures: `impl`, `jail`, `run_dir`, `fleet` (kernel nodes), `fleet_class` (the chosen backend's),
+  `world` (a jail, a fleet and the implementation under test), `open_world` (the same on a jail of
+  the test's own), `artefacts_dir` (where a failing chaos run keeps its files).
+
+This module is the entry point and stays thin, as pytest-xdist's plugin module does: the options,
+the activation, and `Suite`, one object per session holding the checked options and the tables of
+outcomes, made of three parts, each a module of this package: collection.py (requirements,
+expectations, self-checks first), outcomes.py (one status per test, the JSON summary and
+report.html) and fixtures.py (the jail, the fleet, the world).
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import pytest
+
+from gpujail import options
+from gpujail.options import OPTIONS, BadInput  # noqa: F401 (OPTIONS: the table, as before)
+from gpujail.plugin.collection import SELF_CHECK, Collection
+from gpujail.plugin.fixtures import Fixtures
+from gpujail.plugin.outcomes import Outcomes
+
+ASK = "GPUJAIL_SUITE"   # a conftest setting this to True asks the plugin to act
+
+option = options.option
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("gpujail", "GPU driver mounts on a shared jail (conformance and chaos)")
+    for o in OPTIONS:
+        group.addoption(f"--{o.name}", dest=o.key, default=None,
+                        help=f"{o.help} (env {o.env}, ini {o.key}; default {o.default!r})")
+        parser.addini(o.key, o.help, default="")
+
+
+def pytest_configure(config):
+    if options.value(config, "impl").given:
+        activate(config)
+    else:   # a suite's conftest may still ask, now (initial conftests) or during collection
+        config.pluginmanager.register(Listener(config), "gpujail.listener")
+
+
+class Listener:
+    """Waits for a conftest that asks for the plugin (`GPUJAIL_SUITE = True`)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_plugin_registered(self, plugin):
+        if getattr(plugin, ASK, False) is True:
+            activate(self.config)
+
+
+def activate(config) -> None:
+    if config.pluginmanager.get_plugin("gpujail.suite") is None:
+        config.pluginmanager.register(Suite(config), "gpujail.suite")
+
+
+# -- the plugin at work -------------------------------------------------------------------------
+
+class Suite(Collection, Outcomes, Fixtures):
+    """The plugin for one session (per config, so a nested session, e.g. pytester's, keeps its own)."""
+
+    def __init__(self, config):
+        try:
+            self.values, self.expectations = options.check_all(lambda name: options.value(config, name))
+        except BadInput as e:
+            raise pytest.UsageError(str(e)) from None
+        # Every start's deadline (gpujail.spec.start_timeout), for this process and the nodes it starts.
+        os.environ[options.BY_NAME["start-timeout"].env] = self.value("start-timeout")
+        # The fake CLI's variant, for every worker this process starts (kernel.Node.contract_env).
+        os.environ["GPUJAIL_CLI_VARIANT"] = options.check_cli(self.values["cli"])
+        # --cli real: the host's CLI, which workers get through the syscall-fault wrapper (contract_env).
+        os.environ["GPUJAIL_CLI_TARGET"] = options.real_cli(self.values["cli"])
+        # --cdi-spec: the vendor's spec, for this process and every node it starts (fixtures/cdi_spec.py).
+        from gpujail.fixtures import cdi_spec
+        cdi_spec.activate(self.value("cdi-spec"))
+        self.config = config
+        self.by_requirement: dict[str, list] = defaultdict(list)
+        self.self_checks: dict[str, list] = defaultdict(list)
+        for line in ("req(*ids): the SPEC requirement IDs this test checks",
+                     "kernel: needs the kernel backend",
+                     "scale: a big run (128 workers); deselected unless `-m scale`",
+                     "model: runs in the model backend's simulation; collected with --backend model",
+                     f"{SELF_CHECK}: a harness self-check (the fake CLI, kernel facts): run first, once per host "
+                     "and code version, reported apart, never counted for or against an implementation"):
+            config.addinivalue_line("markers", line)
+
+    def value(self, name: str) -> str:
+        return self.values[name].text
