@@ -12,10 +12,13 @@ final state counts at the run's end):
   cdi           the CDI scenarios against cdi-naive, and cdi on the same seeds
   windows       per scenario, the fraction of seeded-random reference runs that open every fault
                 window it declares (a run that opens none proves nothing)
+  schedules     the unscripted cold start under each --schedule: legacy caught, reference's cost
+                against `free`, and exact replay of a failing pct seed
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 from gpujail.benchmarks.measure import Row, median
@@ -145,4 +148,49 @@ def windows(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         raw[name] = {"runs": done, "opened": opened, "every_window": every}
         rows.append(Row(f"windows opened, {name} (random, reference)", f"{every}/{done} runs opened every window",
                         ", ".join(f"{w} {n}/{done}" for w, n in opened.items()) if len(opened) > 1 else ""))
+    return rows, raw
+
+
+# -- the controlled scheduler (issue 29) ------------------------------------------------------------
+
+SCHEDULES = ("free", "random-walk", "pct", "random-walk:syscalls", "pct:syscalls")
+
+
+def _order(r) -> list[tuple]:
+    """A scheduled run's decisions as the history orders them (what an exact replay must repeat)."""
+    return [(e["worker"], e["failpoint"], e["hit"], e["path"])
+            for e in history.load(str(r.history_path)) if e["kind"] == "sched.step"]
+
+
+def schedules(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """The unscripted cold start (cold-race-random, 2 workers: random sleeps, and on each worker with
+    probability 0.4 a CLI failing after a random number of mounts) under each --schedule: how many
+    seeds catch legacy's seed bug, the median wall time of a reference run against `free`'s (the
+    scheduler's cost), and whether 10 replays of legacy's first failing pct seed make the same
+    decisions in the same order."""
+    runs = 3 if quick else 20
+    sc = dataclasses.replace(scenario.load("cold-race-random"), gpu_workers=2)
+    rows, raw, free_s = [], {}, None
+    for plan in SCHEDULES:
+        times, failing = [], []
+        for seed in range(runs):
+            if first_violation_s(runner.run(sc, "legacy", tmp / f"legacy-{plan}-{seed}", seed=seed, scheduled=plan)) is not None:
+                failing.append(seed)
+        for seed in range(runs // 2 or 1):
+            t0 = time.monotonic()
+            runner.run(sc, "reference", tmp / f"reference-{plan}-{seed}", seed=seed, scheduled=plan)
+            times.append(time.monotonic() - t0)
+        free_s = median(times) if plan == "free" else free_s
+        raw[plan] = {"runs": runs, "caught": len(failing), "failing_seeds": failing, "reference_median_s": median(times)}
+        rows.append(Row(f"schedule {plan}: legacy caught, cold-race-random, 2 workers", f"{len(failing)}/{runs}",
+                        f"reference run {median(times):.2f} s against free's {free_s:.2f} s", round(median(times) / free_s, 2)))
+    failing = raw["pct"]["failing_seeds"]
+    if failing:
+        replays = 3 if quick else 10
+        orders = [_order(runner.run(sc, "legacy", tmp / f"replay-{i}", seed=failing[0], scheduled="pct"))
+                  for i in range(replays)]
+        same = sum(o == orders[0] for o in orders)
+        raw["replay"] = {"seed": failing[0], "replays": replays, "identical": same, "steps": len(orders[0])}
+        rows.append(Row(f"schedule pct: replay of legacy's failing seed {failing[0]}",
+                        f"{same}/{replays} identical orders", f"{len(orders[0])} decisions each"))
     return rows, raw

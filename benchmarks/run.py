@@ -59,7 +59,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpujail.benchmarks.bug_finding import cdi, real_reports, seed_bug, windows
+from gpujail.benchmarks.bug_finding import cdi, real_reports, schedules, seed_bug, windows
 from gpujail.benchmarks.jail_filesystems import jail_fs, qualify
 from gpujail.benchmarks.measure import Row
 from gpujail.benchmarks.start_costs import cli_startup, start_parts
@@ -71,7 +71,8 @@ from gpujail.spec import EXIT
 
 FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "cdi": cdi, "windows": windows, "starts": starts, "paths": paths,
            "docker": docker, "model": model, "suites": suites, "memory": memory, "qualify": qualify,
-           "launchers": launchers, "jail-fs": jail_fs, "cli-startup": cli_startup, "start-parts": start_parts}
+           "launchers": launchers, "jail-fs": jail_fs, "cli-startup": cli_startup, "start-parts": start_parts,
+           "schedules": schedules}
 
 
 def table(rows: list[Row]) -> str:
