@@ -9,6 +9,8 @@ final state counts at the run's end):
 
   seed-bug      legacy against reference on cold-race, deterministic and randomised, 2 and 8 workers
   real-reports  each scenario from real reports against legacy and its matching mutant
+  cluster-faults  the same for the faults real clusters inject (a stopped lock holder, a lost lock, a
+                torn marker, swapped links, mixed capabilities, a host upgraded under a start)
   cdi           the CDI scenarios against cdi-naive, and cdi on the same seeds
   windows       per scenario, the fraction of seeded-random reference runs that open every fault
                 window it declares (a run that opens none proves nothing)
@@ -93,15 +95,29 @@ def _caught_row(raw: dict, name: str, impl: str, runs: int, times: list[float], 
                "; ".join(filter(None, [comparison, f"{errors} runs could not start" if errors else ""])))
 
 
-def real_reports(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+def real_reports(tmp: Path, quick: bool, scenarios: dict[str, str] = REAL_REPORTS,
+                 runs: int = 20) -> tuple[list[Row], dict]:
     """Each real-report scenario, deterministic form, against legacy and its matching mutant: how
     many runs catch it (a violation) and the median time from the run's start to the first one."""
-    runs = 3 if quick else 20
+    runs = 3 if quick else runs
     rows, raw = [], {}
-    for name, mutant in REAL_REPORTS.items():
+    for name, mutant in scenarios.items():
         for impl in ("legacy", mutant):
             rows.append(_caught_row(raw, name, impl, runs, *_caught(tmp, name, impl, runs)))
     return rows, raw
+
+
+# The faults real clusters inject (issue 26), each scenario with the mutant that has its bug (legacy
+# survives some by construction: it takes no lock and writes no marker).
+CLUSTER_FAULTS = {"lock-holder-stopped": "mutant:unbounded-lock-wait", "lock-lost": "mutant:atomic-rename-markers",
+                  "marker-torn": "mutant:zero-byte-counts-present", "links-swapped": "mutant:jail-checked-once",
+                  "mixed-capabilities": "mutant:markers-for-default-capabilities",
+                  "host-upgraded-mid-start": "mutant:exit-code-only"}
+
+
+def cluster_faults(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """As real-reports, for the cluster-fault scenarios (10 runs each: some wait out lock timeouts)."""
+    return real_reports(tmp, quick, CLUSTER_FAULTS, runs=10)
 
 
 # The CDI path's scenarios (issue 27, SPEC section 9): a runtime applying the spec (cdi-naive) against the

@@ -59,7 +59,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpujail.benchmarks.bug_finding import cdi, real_reports, schedules, seed_bug, windows
+from gpujail.benchmarks.bug_finding import cdi, cluster_faults, real_reports, schedules, seed_bug, windows
 from gpujail.benchmarks.jail_filesystems import jail_fs, qualify
 from gpujail.benchmarks.measure import Row
 from gpujail.benchmarks.start_costs import cli_startup, start_parts
@@ -69,7 +69,8 @@ from gpujail.benchmarks.suite_runs import memory, model, suites
 from gpujail.backends import kernel
 from gpujail.spec import EXIT
 
-FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "cdi": cdi, "windows": windows, "starts": starts, "paths": paths,
+FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "cluster-faults": cluster_faults, "cdi": cdi,
+           "windows": windows, "starts": starts, "paths": paths,
            "docker": docker, "model": model, "suites": suites, "memory": memory, "qualify": qualify,
            "launchers": launchers, "jail-fs": jail_fs, "cli-startup": cli_startup, "start-parts": start_parts,
            "schedules": schedules}
