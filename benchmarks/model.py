@@ -13,7 +13,7 @@ import time
 from gpujail.chaos import explore
 from gpujail.reference_impl import in_process
 
-from gpujail.backends.model import World
+from gpujail.backends.model import ModelWorld
 
 
 def steps_per_second(repeats: int) -> dict:
@@ -24,7 +24,7 @@ def steps_per_second(repeats: int) -> dict:
         rates, steps = [], 0
         for _ in range(repeats):
             t = time.perf_counter()
-            world = World(in_process("reference"), 8, driver=None, capabilities="all", schedule=schedule).run()
+            world = ModelWorld(in_process("reference"), 8, driver=None, capabilities="all", schedule=schedule).run()
             rates.append(len(world.order) / (time.perf_counter() - t))
             steps = len(world.order)
             assert all(w.exits == [0] for w in world.workers)

@@ -2,7 +2,7 @@
 
 How this works
 --------------
-A *plan* is everything one simulation (gpujail/backends/model `World`) needs besides the
+A *plan* is everything one simulation (gpujail/backends/model `ModelWorld`) needs besides the
 implementation:
 
 * `schedule`: runs of `(worker, steps)` (see the model's `Scheduler`); when they are used up, each
@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from gpujail.backends.model import SMALL_DRIVER, World
+from gpujail.backends.model import SMALL_DRIVER, ModelWorld
 from gpujail.world import failpoints
 
 ACTIONS = ("return(EIO)", "kill")
@@ -74,7 +74,7 @@ class Outcome:
     """One simulated run and the checker's verdict on its history."""
     impl: str
     plan: dict
-    world: World
+    world: ModelWorld
     verdict: checker.Verdict
 
     @property
@@ -101,7 +101,7 @@ def entry_for(impl: str):
 
 def simulate(impl: str, plan: dict, workers: int = 2, driver=SMALL_DRIVER, **world) -> Outcome:
     """Run `plan` with `impl` on the model and judge its history with the chaos checker."""
-    w = World(entry_for(impl), workers, driver, schedule=plan["schedule"], faults=plan["faults"],
+    w = ModelWorld(entry_for(impl), workers, driver, schedule=plan["schedule"], faults=plan["faults"],
               crashes=plan["crashes"], impl=impl, **world).run()
     return Outcome(impl, plan, w, checker.check(w.history, w.final_state()))
 

@@ -56,7 +56,7 @@ from gpujail.spec import EXIT
 
 # -- input checks (gpujail/options.py, the plugin's too, turned into one line and an exit code) -----
 
-def check_impl(impl: str) -> None:
+def require_impl(impl: str) -> None:
     try:
         options.check_impl(options.flag("impl", impl))
     except options.BadInput as e:
@@ -115,7 +115,7 @@ def add_launcher_flags(p, env: dict, help_of: dict) -> None:
 def cmd_run(args, pytest_args: list[str]) -> int:
     if args.render:   # the manifests only: no suite runs, no cluster is asked
         return running.render(args)
-    check_impl(args.impl)
+    require_impl(args.impl)
     check_backend(args.backend)
     check_jail_fs(args.jail_fs, args.backend)
     check_launcher(args)
@@ -143,7 +143,7 @@ def cmd_reproduce(args) -> int:
                                                options.flag("launcher", args.launcher or ""))
     except options.BadInput as e:
         raise Stop("bad-input", str(e)) from None
-    check_impl(args.impl)
+    require_impl(args.impl)
     check_backend("kernel")   # the chaos runner's backend
     check_launcher(args)
     try:

@@ -11,7 +11,7 @@ import pytest
 from gpujail.chaos import explore
 from gpujail.reference_impl import in_process
 
-from gpujail.backends.model import JAIL, ModelFS, World, loader_view
+from gpujail.backends.model import JAIL, ModelFS, ModelWorld, loader_view
 from gpujail.world import history
 
 LIB = "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
@@ -29,7 +29,7 @@ def tiny_fs() -> ModelFS:
 def test_k1_unlink_of_a_mount_point_is_ebusy_here_and_detaches_it_elsewhere():
     """SPEC K-1, the rule the seed bug rests on."""
     fs = tiny_fs()
-    a, b = World.sandbox(fs, 2)
+    a, b = ModelWorld.sandbox(fs, 2)
     a.bind_mount("/host/lib.so", "/shared/placeholder")
     assert a.stat("/shared/placeholder").st_size == 2048 and b.stat("/shared/placeholder").st_size == 0
     with pytest.raises(OSError) as e:
@@ -44,7 +44,7 @@ def test_k1_unlink_of_a_mount_point_is_ebusy_here_and_detaches_it_elsewhere():
 
 def test_writes_outside_the_jail_are_recorded_and_read_only_mounts_refuse_them():
     fs = tiny_fs()
-    (a,) = World.sandbox(fs, 1)
+    (a,) = ModelWorld.sandbox(fs, 1)
     a.bind_mount("/host/lib.so", "/shared/placeholder")
     a.remount("/shared/placeholder")
     with pytest.raises(OSError) as e:
@@ -106,7 +106,7 @@ def test_a_lock_held_forever_times_out_in_virtual_time():
     from gpujail.reference_impl.core import LOCK
 
     from gpujail.backends.model import Proc, Worker
-    world = World(in_process("reference"), 1, restarts=0)
+    world = ModelWorld(in_process("reference"), 1, restarts=0)
     lock = world.fs.add(f"{JAIL}/{LOCK}", stat.S_IFREG | 0o644)
     world.fds[99] = (lock, Proc(Worker(world, 9, "stuck-holder"), ""))
     world.locks[lock.ino] = 99
@@ -163,7 +163,7 @@ def test_direct_undo_survives_its_own_mount_detached_by_a_populate_cleanup():
 
     from gpujail.backends.model import SMALL_DRIVER, ModelSys, build
     fs = build(DEFAULT_VERSION, SMALL_DRIVER)
-    worker, cleanup = World.sandbox(fs, 2)
+    worker, cleanup = ModelWorld.sandbox(fs, 2)
     pairs = [(p, core.target(p)) for p in fs.driver if not p.startswith("/dev/")]
     for _, rel in pairs:
         worker.write_new_beneath(JAIL, rel, core.MARKER, 0o644)

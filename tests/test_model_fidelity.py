@@ -151,13 +151,13 @@ def kernel_run(agents, base, n: int, sequence, host_base=None) -> list:
 
 
 def model_run(sequence, detach: str = "unlink") -> list:
-    from gpujail.backends.model import ModelFS, World
+    from gpujail.backends.model import ModelFS, ModelWorld
     fs = ModelFS(detach)
     fs.add("/shared", stat.S_IFDIR | 0o755)
     for name, data in HOST_FILES.items():
         fs.add(f"/host/{name}", stat.S_IFREG | 0o644, data)
     fs.seal_host()
-    pair = World.sandbox(fs, 2)
+    pair = ModelWorld.sandbox(fs, 2)
 
     def reader(ns):
         def read(path):
@@ -204,9 +204,9 @@ def test_standalone_cli_on_the_model_mounts_where_the_kernel_does(capsys):
     before touching anything."""
     from gpujail.fixtures import drivers, fake_cli
 
-    from gpujail.backends.model import JAIL, SMALL_DRIVER, ModelSys, Proc, World, build
+    from gpujail.backends.model import JAIL, SMALL_DRIVER, ModelSys, ModelWorld, Proc, build
     version = drivers.DEFAULT_VERSION
-    a, b = World.sandbox(build(version, SMALL_DRIVER), 2)
+    a, b = ModelWorld.sandbox(build(version, SMALL_DRIVER), 2)
     argv = ["configure", "--utility", "--compute", "--no-devbind", "--ldconfig=/usr/bin/true", JAIL]   # no /dev here
     code, _, err = a.run(["nvidia-container-cli", *argv])
     assert code == 0, err

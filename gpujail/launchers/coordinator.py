@@ -90,7 +90,7 @@ def clock_line(clocks: list[dict]) -> str:
             f"largest offset applied {largest * 1e3:.3f} ms, uncertainty at rendezvous at most {worst * 1e3:.3f} ms")
 
 
-class Agent:
+class RemoteAgent:
     """The coordinator's handle on agent `index`: its channel, and where it stands."""
 
     def __init__(self, fleet: Fleet, index: int, channels: Path):
@@ -161,7 +161,7 @@ class Agent:
 
 class AgentNode(kernel.Node):
     """A node held by an agent: the kernel Node's requests, sent as files."""
-    agent: Agent
+    agent: RemoteAgent
     key: str
     up: bool = False
 
@@ -212,7 +212,7 @@ class Fleet(kernel.Fleet):
         self._scratch = None
         if self.run_dir is None:   # an unrecorded fleet still needs a directory for its files
             self._scratch = self.run_dir = Path(tempfile.mkdtemp(prefix="gpujail-agents-"))
-        self.agents: list[Agent] = []
+        self.agents: list[RemoteAgent] = []
         self._assigned: dict[str, int] = {}
         self._keys = 0
         self._lock, self._copying = threading.Lock(), threading.Lock()
@@ -233,7 +233,7 @@ class Fleet(kernel.Fleet):
         threading.Thread(target=self._copy_histories, daemon=True, name="gpujail-histories").start()
         try:
             self.launcher.start(self.run_dir, count)
-            self.agents = [Agent(self, i, channels) for i in range(count)]
+            self.agents = [RemoteAgent(self, i, channels) for i in range(count)]
             deadline = time.monotonic() + HELLO_TIMEOUT
             for a in self.agents:   # every agent up first: one still starting would slow the others' round trips
                 a.wait_hello(deadline)

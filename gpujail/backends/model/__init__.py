@@ -13,7 +13,7 @@ interleaving plus faults) replays exactly and Hypothesis can search and shrink p
   simulated children);
 * world.py: the host and jail a run starts from, the workers' lives, the history it records.
 
-The model never imports an implementation: whoever builds a `World` passes one in as a callable
+The model never imports an implementation: whoever builds a `ModelWorld` passes one in as a callable
 `entry(sys, env) -> exit code` (gpujail/reference_impl `in_process(name)` gives the bundled ones).
 Nor does it judge: it writes the kernel backend's history and the chaos checker reads it.
 """
@@ -22,10 +22,10 @@ from __future__ import annotations
 from .fs import JAIL, LOADER_MIN, Inode, ModelFS, Namespace, loader_view
 from .sched import Killed, Proc, Scheduler, Step, Worker
 from .sys import ModelSys
-from .world import SMALL_DRIVER, Entry, World, build
+from .world import SMALL_DRIVER, Entry, ModelWorld, build
 
 __all__ = ["JAIL", "LOADER_MIN", "SMALL_DRIVER", "Entry", "Inode", "Killed", "ModelFS", "ModelSys", "Namespace",
-           "Proc", "Scheduler", "Step", "Worker", "World", "build", "loader_view", "precondition"]
+           "Proc", "Scheduler", "Step", "Worker", "ModelWorld", "build", "loader_view", "precondition"]
 
 
 def precondition() -> str | None:

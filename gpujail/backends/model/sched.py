@@ -13,7 +13,7 @@ runnable the longest waiter times out (virtual time: a slow step is just a later
 belongs to a descriptor, a descriptor to a `Proc`, and a dead process's descriptors close, and its
 flocks with them (SPEC K-4). A process dies by raising `Killed` in its own thread.
 
-`Simulation` is the part of a run that is about time and processes; world.py's `World` adds the
+`Simulation` is the part of a run that is about time and processes; world.py's `ModelWorld` adds the
 file system, the history and the workers' lives.
 """
 from __future__ import annotations

@@ -77,7 +77,7 @@ def _op(effect: str = ""):
 class ModelSys:
     """gpujail/sysops.py's interface, on the model, for one simulated process in one namespace."""
 
-    def __init__(self, world, proc: Proc):   # world: a world.World
+    def __init__(self, world, proc: Proc):   # world: a world.ModelWorld
         self.world, self.proc, self.fs = world, proc, world.fs
         self.entered: Namespace | None = None   # set by setns: another process's namespace
 

@@ -4,7 +4,7 @@ How this works
 --------------
 `build` makes the tree: the host's driver files (fixtures/drivers.py's bytes; all of them, or only
 the 3-file `SMALL_DRIVER` that shows the bug) and the jail image of fixtures/jail.py, read once
-from a real one. `World` then runs `workers` simulated workers on it. Each worker starts the
+from a real one. `ModelWorld` then runs `workers` simulated workers on it. Each worker starts the
 implementation it was given, `entry(sys, env) -> exit code`, with a `ModelSys` for sys and the
 contract environment of SPEC section 5 for env, and restarts it up to `restarts` times, each attempt
 in a fresh namespace (a restarted container). Faults (failpoint terms) and crashes (a SIGKILL
@@ -13,7 +13,7 @@ before the N-th step) act on the first attempt only: they are transient, as in t
 The model only *records*. It writes the history the kernel backend writes (gpujail/world/history.py:
 `chaos.begin`, `chaos.fault`, `worker.start`/`ready`/`exit`, the implementation's `impl.*`, the fake
 CLI's `cli.*`, `failpoint`, `probe`, `chaos.end`), with virtual time (one millisecond per step or
-event) and `final_state()` as the chaos runner gives it. Whoever runs a World judges it with the
+event) and `final_state()` as the chaos runner gives it. Whoever runs a ModelWorld judges it with the
 chaos checker (chaos/explore.py does). The model's probes are finer than the kernel's: a probe
 round of every ready worker when it reports ready (INV-5) and after every step that removed something
 (only a removal can take a file from a worker that is already ready, INV-1), the last one included.
@@ -101,7 +101,7 @@ def _jail_image() -> dict[str, tuple[int, bytes, str | None]]:
 
 # -- a run ------------------------------------------------------------------------------------
 
-class World(Simulation):
+class ModelWorld(Simulation):
     """One simulation: the tree, the workers and their implementation, the history it records."""
 
     def __init__(self, entry: Entry, workers: int = 2, driver: tuple[str, ...] | None = SMALL_DRIVER,
@@ -138,7 +138,7 @@ class World(Simulation):
             out.append(ModelSys(world, Proc(w, "")))
         return out
 
-    def run(self) -> World:
+    def run(self) -> ModelWorld:
         streams = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = Routed("stdout", streams[0]), Routed("stderr", streams[1])
         try:
