@@ -331,7 +331,7 @@ def _(check_residue):
 FAKES = "cdi-fakes"
 
 
-@mutant("ctk-flattens-paths", "gpujail.fixtures.fake_ctk:_mount",
+@mutant("ctk-flattens-paths", "gpujail.fixtures.ctk_render:_mount",
         "containerPath is the file's name in the 64-bit library directory, as the CLI's configure mounts "
         "(CLI-3), not the host path with the driver root stripped", "CDI-1", group=FAKES)
 def _(_mount):
@@ -340,21 +340,21 @@ def _(_mount):
     return _wrap(_mount, mutated)
 
 
-@mutant("ctk-bind-options", "gpujail.fixtures.fake_ctk:MOUNT_OPTIONS",
+@mutant("ctk-bind-options", "gpujail.fixtures.ctk_render:MOUNT_OPTIONS",
         "mount options as older toolkits and the SPEC's text have them (`ro,nosuid,nodev,bind`), not "
         "`rbind,rprivate` (d0103aa6)", "CDI-1", here=True, group=FAKES)
 def _(options):
     return ["ro", "nosuid", "nodev", "bind"]
 
 
-@mutant("ctk-no-soname-links", "gpujail.fixtures.fake_ctk:ldconfig_never_ran",
+@mutant("ctk-no-soname-links", "gpujail.fixtures.ctk_locators:ldconfig_never_ran",
         "on a driver tree ldconfig never ran on, no SONAME links: the spec lacks the libnvidia-ml.so.1 a "
         "real host's spec has, and CDI-3's REF-12 case never arises", "CDI-1, CDI-3", group=FAKES)
 def _(ldconfig_never_ran):
     return _wrap(ldconfig_never_ran, lambda libs: False)
 
 
-@mutant("ctk-links-where-none", "gpujail.fixtures.fake_ctk:soname_links",
+@mutant("ctk-links-where-none", "gpujail.fixtures.ctk_locators:soname_links",
         "a SONAME link for a library whose soname the host lacks (the toolkit's linkExists: only an "
         "existing symlink counts)", "CDI-1, CDI-3", group=FAKES)
 def _(soname_links):
@@ -362,32 +362,32 @@ def _(soname_links):
                  soname_links(host_path, container_path, True))
 
 
-@mutant("ctk-yaml-as-json", "gpujail.fixtures.fake_ctk:render",
+@mutant("ctk-yaml-as-json", "gpujail.fixtures.ctk_render:render",
         "the YAML format written as JSON (valid YAML, not what yaml.v3 writes)", "CDI-1", group=FAKES)
 def _(render):
     return _wrap(render, lambda spec, fmt: render(spec, "json"))
 
 
-@mutant("ctk-sorted-by-path", "gpujail.fixtures.fake_ctk:_depth_sorted",
+@mutant("ctk-sorted-by-path", "gpujail.fixtures.ctk_render:_depth_sorted",
         "mounts and device nodes sorted by path alone, not by depth then path (transform/sorter.go)",
         "CDI-1", group=FAKES)
 def _(_depth_sorted):
     return _wrap(_depth_sorted, lambda items, key: sorted(_depth_sorted(items, key), key=lambda i: i[key]))
 
 
-@mutant("ctk-index-names-only", "gpujail.fixtures.fake_ctk:device_specs",
+@mutant("ctk-index-names-only", "gpujail.fixtures.ctk_render:device_specs",
         "devices named by index only (the toolkit names each GPU by index and by UUID)", "CDI-1", group=FAKES)
 def _(device_specs):
     return _wrap(device_specs, lambda opts, dev_root: device_specs({**opts, "device-name-strategy": ["index"]}, dev_root))
 
 
-@mutant("ctk-device-id-ignored", "gpujail.fixtures.fake_ctk:device_specs",
+@mutant("ctk-device-id-ignored", "gpujail.fixtures.ctk_render:device_specs",
         "--device-id ignored: every GPU gets a device, an unknown index is no error", "CDI-1", group=FAKES)
 def _(device_specs):
     return _wrap(device_specs, lambda opts, dev_root: device_specs({**opts, "device-id": ["all"]}, dev_root))
 
 
-@mutant("ctk-no-ldcache", "gpujail.fixtures.fake_ctk:_ldcache",
+@mutant("ctk-no-ldcache", "gpujail.fixtures.ctk_locators:_ldcache",
         "no ld-cache fallback: libraries are searched in the toolkit's fixed search paths only, so an Arch "
         "host's spec (64-bit libraries in /usr/lib) names none (pkg/lookup/library.go: First(symlinkLocator, "
         "ldcacheLocator))", "CDI-1", group=FAKES)

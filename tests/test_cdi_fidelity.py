@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpujail.fixtures import drivers, fake_ctk
+from gpujail.fixtures import ctk_render, drivers
 
 from gpujail.world import history
 
@@ -130,7 +130,7 @@ def test_generate_soname_links_only_where_the_host_has_them(dev_root, tmp_path):
 def test_generate_soname_links_of_a_tree_ldconfig_never_ran_on(dev_root, tmp_path):
     """CDI-1, CDI-3: the fixture driver tree has no SONAME link at all (a real install always has
     them: the installer runs ldconfig), so the fake takes each one as ldconfig would have made it
-    (fake_ctk.ldconfig_never_ran): libnvidia-ml.so.1 and libcuda.so.1 links, the REF-12 case of
+    (ctk_locators.ldconfig_never_ran): libnvidia-ml.so.1 and libcuda.so.1 links, the REF-12 case of
     CDI-3. A name taken by a regular file is no link (linkExists), and no .so link is invented
     (ldconfig makes none; libcuda.so is the toolkit's own special link)."""
     tree = drivers.materialise(VERSION)
@@ -167,7 +167,7 @@ def test_generate_falls_back_to_the_ld_cache_on_an_arch_host(dev_root):
 
 def test_yaml_scalars_quoted_as_yaml_v3_does():
     """CDI-1: what would read back as another type is double-quoted, flags and paths stay plain."""
-    assert [fake_ctk._scalar(v) for v in ("0", "--link", "/dev/nvidia0", "true", "", "a: b", "550.54.15", 195)] == \
+    assert [ctk_render._scalar(v) for v in ("0", "--link", "/dev/nvidia0", "true", "", "a: b", "550.54.15", 195)] == \
         ['"0"', "--link", "/dev/nvidia0", '"true"', '""', '"a: b"', "550.54.15", "195"]
 
 

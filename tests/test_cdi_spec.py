@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpujail.fixtures import BIN, cdi_spec, drivers, elf, fake_ctk
+from gpujail.fixtures import BIN, cdi_spec, ctk_render, drivers, elf
 
 from gpujail import options
 from gpujail.backends import kernel, probes
@@ -299,7 +299,7 @@ def test_the_fake_prints_the_vendors_spec(tmp_path):
     ldcache = next(h for h in hooks if h["args"][1] == "update-ldcache")
     ldcache["args"][2:2] = ["--ldconfig-path", "/sbin/ldconfig.real.nowhere"]
     hooks[0].update(path="/usr/bin/nvidia-ctk", args=["nvidia-ctk", "hook", *hooks[0]["args"][1:]])
-    path = write(tmp_path, "vendor.yaml", fake_ctk.render(spec, "yaml"))
+    path = write(tmp_path, "vendor.yaml", ctk_render.render(spec, "yaml"))
     env = {**os.environ, cdi_spec.ENV: path, "PATH": f"{BIN}:{os.environ['PATH']}"}   # as on a worker's PATH
     run = [str(BIN / "nvidia-ctk"), "cdi", "generate"]
     out = {fmt: subprocess.run([*run, f"--format={fmt}"], capture_output=True, text=True, env=env) for fmt in ("json", "yaml")}

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from gpujail.fixtures import drivers, elf, fake_cli
+from gpujail.fixtures import drivers, elf, nvc_info
 from gpujail.fixtures.drivers import LIB32, LIB64, VERSIONS, catalogue, materialise, tree_path
 from gpujail.fixtures.jail import find_ldconfig
 
@@ -74,7 +74,7 @@ def test_library_capabilities_follow_the_clis_own_lists(version):
     for f in catalogue(version):
         if f.kind in ("library", "library32"):
             name = os.path.basename(f.path).split(".so.")[0]
-            assert name in fake_cli.LIBRARIES[f.capability], (f.path, f.capability)
+            assert name in nvc_info.LIBRARIES[f.capability], (f.path, f.capability)
 
 
 @pytest.mark.parametrize("version", VERSIONS)

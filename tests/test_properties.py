@@ -26,7 +26,8 @@ import tempfile
 
 import pytest
 from gpujail.fixtures import drivers, nvc_info
-from gpujail.fixtures.fake_cli import CONFIGURE_OPTIONS, GLOBAL_OPTIONS, LIST_OPTIONS, CliError, Configure, argp_parse
+from gpujail.fixtures.cli_args import CONFIGURE_OPTIONS, GLOBAL_OPTIONS, LIST_OPTIONS, CliError, argp_parse
+from gpujail.fixtures.cli_mount import Configure
 from gpujail.reference_impl import core
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st

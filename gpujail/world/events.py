@@ -158,23 +158,24 @@ _kind("failpoint", "gpujail/world/failpoints.py",
       "name:str hit:int action:str arg:str|null path:str? count:int?",
       "failpoint `name` evaluated for the hit-th time; `action` is what it did (\"off\": nothing)")
 
-# -- the fake nvidia-container-cli (fixtures/fake_cli.py) -------------------------------------------
-_kind("cli.start", "fixtures/fake_cli.py", "argv:list rootfs:str", "a `configure` starts on `rootfs`")
-_kind("cli.mkdir", "fixtures/fake_cli.py", "path:str", "it created a missing parent directory")
-_kind("cli.create", "fixtures/fake_cli.py", "path:str mode:str",
+# -- the fake nvidia-container-cli (fixtures/fake_cli.py, cli_configure.py, cli_mount.py) ---------
+_kind("cli.start", "fixtures/cli_configure.py", "argv:list rootfs:str", "a `configure` starts on `rootfs`")
+_kind("cli.mkdir", "fixtures/cli_mount.py", "path:str", "it created a missing parent directory")
+_kind("cli.create", "fixtures/cli_mount.py", "path:str mode:str",
       "it created a mount target (a 0-byte placeholder, or a directory) with st_mode `mode` (octal)")
-_kind("cli.mount", "fixtures/fake_cli.py", "src:str dst:str", "it bind-mounted a host file over a target")
-_kind("cli.fail", "fixtures/fake_cli.py", "error:str mounted:int",
+_kind("cli.mount", "fixtures/cli_mount.py", "src:str dst:str", "it bind-mounted a host file over a target")
+_kind("cli.fail", "fixtures/cli_mount.py", "error:str mounted:int",
       "a mount batch failed after `mounted` mounts; its cleanup follows")
-_kind("cli.cleanup.umount", "fixtures/fake_cli.py", "path:str", "cleanup unmounted a target of the failed batch")
-_kind("cli.cleanup.unlink", "fixtures/fake_cli.py", "path:str size:int? why:str?",
+_kind("cli.cleanup.umount", "fixtures/cli_mount.py", "path:str", "cleanup unmounted a target of the failed batch")
+_kind("cli.cleanup.unlink", "fixtures/cli_mount.py", "path:str size:int? why:str?",
       "cleanup unlinked a 0-byte file (`size`) or a symlink to nothing (`why`): another node's mount dies")
-_kind("cli.cleanup.keep", "fixtures/fake_cli.py", "path:str size:int? why:str?",
+_kind("cli.cleanup.keep", "fixtures/cli_mount.py", "path:str size:int? why:str?",
       "cleanup left a target in place (non-empty; or, own-cleanup variant, not created by this run)")
-_kind("cli.setns", "fixtures/fake_cli.py", "path:str",
+_kind("cli.setns", "fixtures/cli_configure.py", "path:str",
       "configure entered the container process's mount namespace (`ROOTFS/proc/<ppid>/ns/mnt` standalone)")
-_kind("cli.ldconfig", "fixtures/fake_cli.py", "argv:list", "configure runs ldconfig on the rootfs (SPEC CLI-7)")
-_kind("cli.exit", "fixtures/fake_cli.py", "code:int error:str?", "the CLI exits (with its error line on failure)")
+_kind("cli.ldconfig", "fixtures/cli_configure.py", "argv:list", "configure runs ldconfig on the rootfs (SPEC CLI-7)")
+_kind("cli.exit", "fixtures/fake_cli.py fixtures/cli_configure.py", "code:int error:str?",
+      "the CLI exits (with its error line on failure)")
 
 # -- the fake NVIDIA Container Toolkit (fixtures/fake_ctk.py, fixtures/fake_cdi_hook.py) --------------
 _kind("cdi.generate", "fixtures/fake_ctk.py", "devices:int mounts:int hooks:int format:str",
