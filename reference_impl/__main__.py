@@ -1,7 +1,7 @@
 """`python -m gpujail.reference_impl NAME [ACTION]`: run a bundled implementation under the SPEC section 5
 contract (GPUJAIL_JAIL, GPUJAIL_NODE, GPUJAIL_ROLE, NVIDIA_DRIVER_CAPABILITIES from the
 environment). ACTION defaults to the role's start procedure; `populate-cleanup` runs the
-populate-jail cleanup of a reused jail. Exit codes: reference_impl.core.EXIT.
+populate-jail cleanup of a reused jail. Exit codes: gpujail.spec.IMPL_EXIT.
 
 The same start runs in-process on the model backend: `in_process(NAME)` (gpujail.reference_impl)
 gives it as `entry(sys, env) -> exit code`, with the model's Sys and the worker's contract
@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from gpujail.reference_impl import cdi, core, direct, legacy, reference
 
+from gpujail.spec import IMPL_EXIT
 from gpujail.world import failpoints, history
 from gpujail.world.sysops import RealSys
 
@@ -36,10 +37,10 @@ def main(argv: list[str]) -> int:
         found = implementation(argv[0]) if argv else None
     except KeyError as e:
         print(f"reference_impl: {e.args[0]}", file=sys.stderr)
-        return core.EXIT["bad-input"]
+        return IMPL_EXIT["bad-input"]
     if found is None or len(argv) > 2 or (argv[1:] or ["start"])[0] not in ("start", "populate-cleanup"):
         print(USAGE, file=sys.stderr)
-        return core.EXIT["bad-input"]
+        return IMPL_EXIT["bad-input"]
     return start(found, RealSys(), None, (argv[1:] or ["start"])[0])
 
 
@@ -51,7 +52,7 @@ def start(found, sysops, environ: Mapping[str, str] | None, action: str = "start
         ctx = core.Ctx.from_env(sysops, name, environ)
     except ValueError:
         print(f"{name}: GPUJAIL_LOCK_TIMEOUT: not a finite number of seconds", file=sys.stderr)
-        return core.EXIT["bad-input"]
+        return IMPL_EXIT["bad-input"]
     return execute(impl, name, action, ctx)
 
 
@@ -76,11 +77,11 @@ def execute(impl, name: str, action: str, ctx: core.Ctx) -> int:
         return e.code
     except failpoints.FailpointSpecError as e:
         print(f"{name}: {e}", file=sys.stderr)
-        return core.EXIT["bad-input"]
+        return IMPL_EXIT["bad-input"]
     except OSError as e:   # e.g. an injected fault: still one line, never a traceback
-        history.record("impl.fatal", impl=name, failure="io-error", code=core.EXIT["io-error"], error=str(e))
+        history.record("impl.fatal", impl=name, failure="io-error", code=IMPL_EXIT["io-error"], error=str(e))
         print(f"{name}: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return core.EXIT["io-error"]
+        return IMPL_EXIT["io-error"]
     history.record("impl.ready", impl=name, role=ctx.role, action=action)
     return 0
 

@@ -37,14 +37,13 @@ LIBRARY_DIRS = (LIB64, LIB32, "usr/lib64", "usr/lib")
 NVML = "libnvidia-ml.so"
 CAPABILITIES = ("compute", "compat32", "display", "graphics", "utility", "video", "ngx")
 
-EXIT = IMPL_EXIT   # one exit code per kind of failure, so an orchestrator or a test can tell them apart
 assert len(MARKER) < PLACEHOLDER_MAX
 
 
 class Fatal(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
-        self.kind, self.code = kind, EXIT[kind]
+        self.kind, self.code = kind, IMPL_EXIT[kind]   # one code per kind: an orchestrator tells them apart
 
 
 @dataclass

@@ -32,6 +32,7 @@ from gpujail.reference_impl import core
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
+from gpujail.spec import IMPL_EXIT
 from gpujail.world.sysops import RealSys, parse_mountinfo, resolve_in_root
 
 # Function-scoped fixtures (`fs`, the autouse environment fixture) are set up once per test, not per
@@ -623,7 +624,7 @@ def test_ref1_file_set_parses_list_output(out):
     else:
         with pytest.raises(core.Fatal) as e:
             core.file_set(ctx)
-        assert e.value.kind == "bad-input" and e.value.code == core.EXIT["bad-input"]
+        assert e.value.kind == "bad-input" and e.value.code == IMPL_EXIT["bad-input"]
         if bad:
             assert f"line {bad[0]}:" in str(e.value) and repr(bad[1]) in str(e.value)
         else:
