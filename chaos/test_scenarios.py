@@ -2,8 +2,9 @@
 
 Each test runs one scenario (chaos/runner.py: real processes in their own mount namespaces on one
 shared jail, faults from the scenario's schedule, continuous probes) and asserts the checker's
-verdict over the recorded history (SPEC INV-1..INV-6). On a violation the failure message carries
-the verdict, the causal chain and the paths of the history and the timeline picture.
+verdict over the recorded history (SPEC INV-1..INV-6). Every run keeps its history, final state and
+timeline picture under <reports>/chaos/<test>/; on a violation the failure message carries the
+verdict, the causal chain and their paths.
 
 Deterministic scenarios force their bad interleaving with failpoint barriers every time; random
 ones run `RANDOM_SEEDS` seeded schedules starting at --seed, each replayable from its seed.
@@ -66,14 +67,14 @@ def verdict(result, request, artefacts_dir, more=lambda result: "") -> None:
     """Fail on a violation; raise Inconclusive on an invariant left UNKNOWN that may not be, or a
     declared fault window that never opened: the run proved nothing, which is never a pass (the
     plugin reports it as `inconclusive`, and the run fails unless the implementation's expectations
-    file lists the test under [inconclusive]). The run's files are kept beside the reports either way;
-    `more(result)` adds to a violation's message."""
+    file lists the test under [inconclusive]). Every run's files are kept beside the reports, passing
+    ones too (report.html links each run to its history and timeline); `more(result)` adds to a
+    violation's message."""
     failed, undecided = judge(result, request)
-    # a strict expected failure that passes is a failure of the suite: keep its evidence as well, and
-    # give the plugin the verdict to show (which invariants passed, on how many probes, which windows)
+    result.keep(artefacts_dir)   # history, final state, timeline: beside the reports, where CI keeps them
+    # a strict expected failure that passes is a failure of the suite: give the plugin the verdict to
+    # show (which invariants passed, on how many probes, which windows)
     expected_to_fail = any(m.kwargs.get("strict") for m in request.node.iter_markers("xfail"))
-    if failed or undecided or result.unopened() or expected_to_fail:
-        result.keep(artefacts_dir)   # history, final state, timeline: beside the reports, where CI keeps them
     if expected_to_fail and not failed:
         request.node.user_properties.append(("verdict", result.report()))
     assert not failed, result.report() + more(result)

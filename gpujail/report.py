@@ -5,19 +5,18 @@ How this works
 The pytest plugin writes the JSON summary (`--gpujail-report reports/summary.json`: run info, per
 requirement the outcome of each test citing it, and for chaos tests the status of each invariant;
 apart, under `self_checks`, the harness self-checks' verdict and their own table per requirement)
-and then calls `write_html`, which writes `report.html` beside it. Failing chaos runs have already
-left their history, final state and timeline in `<reports>/chaos/<test>/` (the plugin's
-`artefacts_dir` fixture); the
-page judges each history again with the checker (pure, so the verdict is the one the test saw) and
-puts its timeline SVG inline with the causal chain in words, so the page needs no other file.
+and then calls gpujail/report_page.py's `write_html`, which writes `report.html` beside it (the test
+list, every chaos run linked to its files, the scenario-by-invariant grid). Every chaos run has
+already left its history, final state and timeline in `<reports>/chaos/<test>/` (the plugin's
+`artefacts_dir` fixture, chaos/test_scenarios.py `verdict`).
 
 `requirement_rows`, `invariant_rows` and `failures` are the one aggregation of a summary: the HTML
-page and `gpujail run`'s printed summary (`text`) both use them.
+page and `gpujail run`'s printed summary (`text`) both use them. A chaos test cites every invariant;
+`status_under` says what its outcome counts as under each (the plugin's per-requirement counts): a
+violation blames only the invariants its verdict failed.
 """
 from __future__ import annotations
 
-import html
-import json
 import re
 import shlex
 from pathlib import Path
@@ -90,6 +89,24 @@ def invariant_rows(report: dict) -> list[tuple[str, str, dict, list[dict]]]:
     return rows
 
 
+def status_under(rid: str, test: dict) -> str:
+    """What a test's outcome counts as under one requirement it cites. A chaos run that failed (or
+    failed as expected) on some invariants counts so only under those: under an invariant it
+    checked and found held, passed; under one it could not decide (UNKNOWN), skipped (neither: the
+    invariants table says UNKNOWN and why). Any other test, or a requirement that is not one of its
+    invariants: its own status."""
+    invs = invariants_of(test)
+    if test["status"] not in ("failed", "expected-fail") or rid not in invs or "FAIL" not in invs.values():
+        return test["status"]
+    return {"FAIL": test["status"], "PASS": "passed"}.get(invs[rid], "skipped")
+
+
+def scenario_of(test: str) -> str:
+    """The scenario (or case) a chaos test ran: its parameter without the random-seed suffix."""
+    m = re.search(r"\[([^\]]+?)(?:-random)?(?:-seed\+\d+)?\]$", test)
+    return m.group(1) if m else test
+
+
 def unknowns(report: dict) -> list[tuple[str, str, str]]:
     """(invariant, test, reason) for every chaos run that could not decide an invariant."""
     return [(inv, t["test"], (t.get("invariant_reasons") or {}).get(inv) or "no reason recorded")
@@ -103,8 +120,7 @@ def window_rows(report: dict) -> list[tuple[str, str, int, int]]:
     for t in tests_of(report).values():
         if not t.get("windows"):
             continue
-        m = re.search(r"\[([^\]]+?)(?:-random)?(?:-seed\+\d+)?\]$", t["test"])
-        name = m.group(1) if m else t["test"]
+        name = scenario_of(t["test"])
         for part in t["windows"].split():
             window, _, state = part.partition("=")
             c = counts.setdefault((name, window), [0, 0])
@@ -229,28 +245,7 @@ def self_checks(report: dict) -> dict:
     return report.get("self_checks") or {"status": "not run", "reason": "", "requirements": {}, "uncited": []}
 
 
-# -- the HTML page -----------------------------------------------------------------------------
-
-def esc(value) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def chaos_runs(report: dict, root: Path) -> list[dict]:
-    """The chaos runs of this report that left artefacts (the failing ones), judged again."""
-    from gpujail.chaos import checker, timeline
-    from gpujail.world import history
-    out = []
-    for t in tests_of(report).values():
-        d = root / CHAOS_DIR / artefact_name(t["test"])
-        if not t.get("invariants") or t["status"] not in ("failed", "expected-fail") or not (d / "history.jsonl").exists():
-            continue
-        events = history.load(str(d / "history.jsonl"))
-        final = json.loads((d / "final_state.json").read_text()) if (d / "final_state.json").exists() else None
-        verdict = checker.check(events, final)
-        out.append({"test": t, "dir": d, "verdict": verdict, "svg": timeline.svg(events, verdict),
-                    "reproduce": reproduce_command(t["test"], events, report["run_info"]["implementation"])})
-    return out
-
+# -- the HTML page (gpujail/report_page.py) ----------------------------------------------------
 
 def reproduce_command(test: str, events: list[dict], impl: str) -> str:
     """The command that replays a chaos test's run: `gpujail reproduce` for a scenario file, the
@@ -263,141 +258,3 @@ def reproduce_command(test: str, events: list[dict], impl: str) -> str:
         flag += f" --schedule {shlex.quote(sched['strategy'])}" if sched else ""
         return f"gpujail reproduce {begin['scenario']} --impl {shlex.quote(impl)} --seed {begin.get('seed', 0)}{flag}"
     return f"gpujail run --impl {shlex.quote(impl)} -- {shlex.quote(test)}"
-
-
-def requirement_table(section: dict) -> list[str]:
-    """A summary's (or its self-checks') requirements as HTML table rows, then the uncited ones."""
-    cols = STATUSES
-    req = ["<table class='gj-t'><tr><th>requirement</th><th>what</th>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
-    for rid, what, counts in requirement_rows(section):
-        cls = "gj-bad" if any(counts.get(s) for s in BAD) else "gj-xf" if counts.get("expected-fail") else ""
-        req.append(f"<tr class='{cls}'><td>{esc(rid)}</td><td>{esc(what)}</td>"
-                   + "".join(f"<td class='gj-n'>{counts.get(c, '') or ''}</td>" for c in cols) + "</tr>")
-    req.append("</table>")
-    if section.get("uncited"):
-        req.append(f"<p>Not checked by any test that ran: {esc(', '.join(section['uncited']))}</p>")
-    return req
-
-
-CSS = """
-body {font-family: sans-serif; margin: 1em 2em; color: #212121}
-h1 {font-size: 1.4em} h2 {font-size: 1.15em; margin-top: 1.6em} h3 {font-size: 1em}
-table.gj-t {border-collapse: collapse; font-size: 13px}
-table.gj-t td, table.gj-t th {border: 1px solid #ddd; padding: 2px 8px; text-align: left}
-table.gj-t td.gj-n {text-align: right}
-tr.gj-bad td {background: #ffebee} tr.gj-xf td {background: #fff8e1}
-.gj-pass {color: #2e7d32; font-weight: bold} .gj-fail {color: #c62828; font-weight: bold}
-pre {background: #fafafa; border: 1px solid #eee; padding: .6em; overflow-x: auto; font-size: 12px}
-.gj-plot {overflow-x: auto}
-code {background: #f5f5f5; padding: 0 3px}
-"""
-
-
-def cell_html(report: dict) -> str:
-    """The fault table as exercised: one row per role and step, one column per neighbours' state;
-    each cell says how many runs exercised it, or that it is unreachable here, or red: not exercised."""
-    from gpujail.chaos.checkers.cells import NEIGHBOURS
-    table = cell_table(report)
-    exercised, unreachable, missed = cell_counts(table)
-    rows = sorted({c.rsplit("/", 1)[0] for c in table})
-    out = [f"<h2>Fault table</h2><p>Who fails (role), where (step), with the neighbours in which state "
-           f"(chaos/fault_table.py): {exercised} cells exercised, {unreachable} unreachable for this "
-           f"implementation, {len(missed)} not exercised.</p>",
-           "<table class='gj-t'><tr><th>role / step</th>" + "".join(f"<th>{n} ready</th>" for n in NEIGHBOURS) + "</tr>"]
-    for row in rows:
-        out.append(f"<tr><td>{esc(row)}</td>")
-        for n in NEIGHBOURS:
-            v = table.get(f"{row}/{n}")
-            if v is None:   # a role and step only other runs met, not with these neighbours
-                out.append("<td></td>")
-            elif v["by"]:
-                out.append(f"<td class='gj-n' title='{esc(', '.join(v['by'][:20]))}'>{len(v['by'])} runs</td>")
-            elif v["unreachable"]:
-                out.append("<td class='gj-xf'>unreachable</td>")
-            else:
-                out.append("<td class='gj-bad'>not exercised</td>")
-        out.append("</tr>")
-    return "".join(out) + "</table>"
-
-
-def write_html(report: dict, path, root: Path | None = None) -> Path:
-    """Write the run's page to `path`; chaos artefacts are looked up under `root` (default: the
-    page's directory)."""
-    from gpujail.chaos import timeline
-    path = Path(path)
-    root = path.parent if root is None else root
-    info = report["run_info"]
-    bad = failures(report)
-    head = "FAIL" if bad else "PASS"
-    judged = chaos_runs(report, root)
-    shown = {r["test"]["test"] for r in judged}
-
-    def link(test: str) -> str:
-        return f"<a href='#{esc(artefact_name(test))}'>{esc(test)}</a>" if test in shown else esc(test)
-
-    req = requirement_table(report)
-    for rid, why in report.get("pending", {}).items():
-        req.append(f"<p>{esc(rid)} pending: {esc(why)}</p>")
-    checks = self_checks(report)
-    if checks["status"] == "failed":
-        head = "ERROR"
-    inv = ["<table class='gj-t'><tr><th>invariant</th><th></th><th>PASS</th><th>FAIL</th><th>UNKNOWN</th>"
-           "<th>failing runs</th></tr>"]
-    for rid, name, counts, failing in invariant_rows(report):
-        cls = "gj-bad" if unexpected(failing) else "gj-xf" if failing else ""
-        inv.append(f"<tr class='{cls}'><td>{esc(rid)}</td><td>{esc(name)}</td>"
-                   + "".join(f"<td class='gj-n'>{counts.get(s, '') or ''}</td>" for s in ("PASS", "FAIL", "UNKNOWN"))
-                   + "<td>" + "<br>".join(f"{link(t['test'])} ({esc(t['status'])})" for t in failing) + "</td></tr>")
-    inv.append("</table>")
-    inv += [f"<p>{esc(rid)} UNKNOWN in {link(test)}: {esc(why)}</p>" for rid, test, why in unknowns(report)]
-    fails = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{link(t['test'])}"
-             + (f"<br><small>{esc(t['purpose'])}</small>" if t.get("purpose") else "")
-             + f"</td><td>{esc(t['status'])}</td><td><pre>{esc(t['reason'])}</pre></td></tr>"
-             for t in failures(report, ("failed", "unexpected-pass", "expected-fail")) + failures(checks)]
-    unproven = [f"<tr class='{'gj-bad' if t['status'] in BAD else 'gj-xf'}'><td>{link(t['test'])}</td>"
-                f"<td>{esc(t['status'])}</td><td><pre>{esc(t['reason'])}</pre></td></tr>"
-                for t in failures(report, INCONCLUSIVE)]
-    cells = cell_html(report) if any(t.get("cells") is not None for t in tests_of(report).values()) else ""
-    runs = []
-    for r in judged:
-        t = r["test"]
-        runs.append(f"<h3 id='{esc(artefact_name(t['test']))}'>{esc(t['test'])}: {esc(t['status'])}</h3>"
-                    f"<p>Replay: <code>{esc(r['reproduce'])}</code>. Files: <code>{esc(r['dir'])}/</code> "
-                    f"(history.jsonl, final_state.json, timeline.html)</p>"
-                    f"<pre>{esc(r['verdict'].summary())}</pre><div class='gj-plot'>{r['svg']}</div>")
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>gpujail run: {esc(info['implementation'])}: {head}</title>
-<style>{CSS}{timeline.LEGEND_CSS}</style></head>
-<body>
-<h1>gpujail run: <code>{esc(info['implementation'])}</code> on the {esc(info['backend'])} backend:
-<span class="{'gj-pass' if head == 'PASS' else 'gj-fail'}">{head}</span></h1>
-<p>Contract {esc(info['contract_version'])}, seed {esc(info['seed'])}: {len(tests_of(report))} tests,
-{esc(counts_text(totals(report)))}.</p>
-{f"<p class='gj-fail'>Harness self-checks failed: {esc(checks['reason'])}</p>" if head == "ERROR" else ""}
-<h2>Requirements</h2>
-<p>Each requirement in words, with the tests that check it: <a href="{esc(SPEC_DOC.as_uri())}">gpujail/spec.md</a>
-(installed with the package: <code>{esc(str(SPEC_DOC))}</code>).</p>
-{''.join(req)}
-<h2>Invariants over the chaos runs</h2>
-{''.join(inv)}
-{cells}
-<h2>Harness self-checks</h2>
-<p>The fake CLI's fidelity and the kernel facts the suite stands on: a precondition of the run, not counted
-for or against the implementation. {esc(checks['status'])}{(": " + esc(checks['reason'])) if checks['reason'] else "."}</p>
-{''.join(requirement_table(checks)) if checks['requirements'] else ''}
-<h2>Failures</h2>
-{('<table class="gj-t"><tr><th>test</th><th>status</th><th>reason</th></tr>' + ''.join(fails) + '</table>')
- if fails else '<p>None.</p>'}
-<h2>Inconclusive</h2>
-<p>Chaos runs that proved nothing (an invariant left UNKNOWN, a fault window never opened): never a pass; red
-unless the implementation's expectations file lists them under [inconclusive].</p>
-{('<table class="gj-t"><tr><th>test</th><th>status</th><th>why</th></tr>' + ''.join(unproven) + '</table>')
- if unproven else '<p>No run was inconclusive.</p>'}
-<h2>Chaos runs that violated an invariant</h2>
-{(f"<p>Each: the checker's verdict and causal chain, and the timeline: one lane per worker, time since the "
-  f"run's first event.</p>{timeline.legend()}" + ''.join(runs)) if runs else '<p>None.</p>'}
-</body></html>
-"""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path

@@ -24,7 +24,7 @@ from gpujail.chaos import scenario
 from test_checker import good_final, good_run
 from test_timeline import seed_bug
 
-from gpujail import backends, cli, report
+from gpujail import backends, cli, report, report_page
 from gpujail.backends import kernel
 from gpujail.commands import progress, scenarios
 from gpujail.commands import run as running
@@ -380,7 +380,8 @@ def test_history_watch_counts_complete_lines(tmp_path):
 
 
 def test_html_report(tmp_path):
-    """The page holds the per-requirement table, the per-invariant table, the failures, and for
+    """The page holds the test list, every chaos run (the passing one too) with its files, the
+    scenario-by-invariant grid, the per-requirement and per-invariant tables, the failures, and for
     the failing chaos run its verdict, causal chain in words, replay command and timeline SVG."""
     h = seed_bug()
     h.add(0.0, "host", "chaos.begin", scenario="cold-race", impl="legacy", seed=4, schedule={})
@@ -397,14 +398,20 @@ def test_html_report(tmp_path):
         {"test": "chaos/test_scenarios.py::test_scenario[enospc]", "status": "passed", "reason": "",
          "invariants": invs.replace("FAIL", "PASS").replace("UNKNOWN", "PASS"), "ids": [f"INV-{i}" for i in range(1, 7)]},
     ])
-    page = report.write_html(summary, tmp_path / "report.html").read_text()
+    page = report_page.write_html(summary, tmp_path / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "<script" not in page
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")   # self-contained
     assert "<span class=\"gj-fail\">FAIL</span>" in page
     row = re.search(r"<tr class='gj-bad'><td>INV-1</td>.*?</tr>", page).group(0)
     assert "no lost content while a worker is ready" in row
     assert "<td>REF-10</td><td>a ready GPU worker" in page and "K-2" in page
-    invariants = page[page.index("<h2>Invariants"):]
+    tests = page[page.index('<h2 id="tests">'):page.index('<h2 id="chaos-runs">')]
+    assert tests.index("tests-failed") < tests.index("tests-passed") and tests.count("class='gj-test'") == 3
+    runs = page[page.index('<h2 id="chaos-runs">'):page.index('<h2 id="picture">')]
+    assert "id='run-test_scenario_enospc_'" in runs and "id='run-test_scenario_cold-race_'" in runs
+    assert "href='chaos/test_scenario_cold-race_/history.jsonl'" in runs   # relative: the reports move as one
+    assert "overlap" not in runs and runs.count("none declared") == 2
+    invariants = page[page.index('<h2 id="invariants">'):]
     inv1 = re.search(r"<tr class='gj-bad'><td>INV-1</td><td>no lost content</td>.*?</tr>", invariants).group(0)
     assert [c for c in re.findall(r"<td class='gj-n'>(\d*)</td>", inv1)] == ["1", "1", ""]
     inv4 = re.search(r"<td>INV-4</td>.*?</tr>", invariants).group(0)
@@ -413,9 +420,11 @@ def test_html_report(tmp_path):
     chain = page[page.index("causal chain:"):page.index("&lt;- violation")]
     assert "chaos.fault" in chain and "cli.cleanup.unlink" in chain
     svgs = re.findall(r"<svg\b.*?</svg>", page, re.DOTALL)
-    assert len(svgs) == 1
-    assert ET.fromstring(svgs[0]).find(".//{http://www.w3.org/2000/svg}g[@id='violation']") is not None
-    assert ET.fromstring(svgs[0]).find(".//{http://www.w3.org/2000/svg}g[@id='racing-pair']") is not None
+    assert len(svgs) == 2   # the grid, and the failing run's timeline
+    grid = ET.fromstring(svgs[0])
+    assert grid.get("id") == "gj-grid" and len(grid.findall(".//{http://www.w3.org/2000/svg}rect")) == 2 * 7
+    assert ET.fromstring(svgs[1]).find(".//{http://www.w3.org/2000/svg}g[@id='violation']") is not None
+    assert ET.fromstring(svgs[1]).find(".//{http://www.w3.org/2000/svg}g[@id='racing-pair']") is not None
     text = report.text(summary)
     assert "3 tests, 2 passed, 1 failed" in text and " !INV-1" in text
     assert f"{COLD_RACE} (failed)\n      AssertionError: scenario cold-race" in text   # the whole reason, indented
@@ -423,7 +432,7 @@ def test_html_report(tmp_path):
 
 def test_html_report_of_a_green_run(tmp_path):
     summary = summary_of([{"test": "conformance/x.py::test_a", "status": "passed", "reason": "", "ids": ["REF-1"]}])
-    page = report.write_html(summary, tmp_path / "report.html").read_text()
+    page = report_page.write_html(summary, tmp_path / "report.html").read_text()
     assert "<span class=\"gj-pass\">PASS</span>" in page and "<svg" not in page
     assert page.count("<p>None.</p>") == 2
 
@@ -543,7 +552,7 @@ def test_a_long_reason_is_shortened_on_screen_and_kept_whole_in_the_reports(tmp_
     text = report.text(summary)
     assert f"{paths[5]} and 84 more (all of them: summary.json)\n      second line" in text
     assert paths[6] not in text
-    assert all(p in report.write_html(summary, tmp_path / "report.html").read_text() for p in paths)
+    assert all(p in report_page.write_html(summary, tmp_path / "report.html").read_text() for p in paths)
 
 
 def test_the_reproduce_command_of_a_scheduled_run_names_its_schedule():

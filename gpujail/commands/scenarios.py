@@ -19,8 +19,7 @@ from gpujail.spec import EXIT
 
 
 def reproduce(args, sc) -> int:
-    from gpujail.chaos import runner, timeline
-    from gpujail.world import history
+    from gpujail.chaos import runner
     if args.random:
         sc = sc.randomised()
     safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in args.impl)[:40]
@@ -53,8 +52,6 @@ def reproduce(args, sc) -> int:
         done = f"done in {progress.elapsed()}: {line()}"
         remove_tree(tmp)
     print(done, file=term)
-    if result.timeline is None:   # the runner draws only invalid runs; a reproducer wants every picture
-        result.timeline = timeline.render(history.load(str(out / "history.jsonl")), result.verdict, out / "timeline.html")
     result.run_dir = out
     print(result.report(), file=term)
     if clocks:

@@ -11,8 +11,8 @@ How this works
 * `pytest_runtest_logreport`: one outcome per test, the worst of its phases, in words a report
   reads (expected-fail, expected-inconclusive, passed-intermittent, unexpected-pass, inconclusive,
   and pytest's own), with the reason (`failure_reason`) and a chaos run's invariants, windows and
-  fault-table cells, filed under each requirement the test cites; the self-checks in a table of
-  their own.
+  fault-table cells, filed under each requirement the test cites (a failed chaos run counted as
+  failed only under the invariants its verdict failed); the self-checks in a table of their own.
 * `pytest_sessionfinish` (the xdist controller, not its workers): the self-checks' verdict
   (`self_check_summary`: a failing one makes the run an error, since the harness itself is wrong
   here), the passes remembered (collection.py `SelfCheckCache`), and with `--gpujail-report FILE`
@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from gpujail.plugin.collection import CACHED, EXPECTED_INCONCLUSIVE, SELF_CHECK, SelfCheckCache
-from gpujail.report import HARNESS_FAMILIES, write_html
+from gpujail.report import HARNESS_FAMILIES, status_under
+from gpujail.report_page import write_html
 from gpujail.spec import CONTRACT_VERSION, PENDING, REQUIREMENTS
 
 UNAVAILABLE = "the launcher's cluster cannot run the agents: "   # a test's skip reason when so (then exit 3)
@@ -158,12 +159,13 @@ def _req_order(rid: str):
 
 
 def by_requirement(results: dict[str, list]) -> dict:
-    """Per requirement, in SPEC order: the counts per status and each test's entry."""
+    """Per requirement, in SPEC order: the counts per status and each test's entry. A chaos run
+    counts as failed only under the invariants its verdict failed (gpujail/report.py `status_under`)."""
     out = {}
     for rid in sorted(results, key=_req_order):
         counts: dict[str, int] = defaultdict(int)
         for t in results[rid]:
-            counts[t["status"]] += 1
+            counts[status_under(rid, t)] += 1
         out[rid] = {"counts": dict(counts), "tests": results[rid]}
     return out
 
