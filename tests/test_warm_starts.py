@@ -17,10 +17,10 @@ import time
 
 import pytest
 from gpujail.fixtures.jail import make_jail
-from gpujail.reference_impl.core import EXIT
 
 from gpujail.backends import warm as warm_paths
 from gpujail.contract import command_for
+from gpujail.spec import IMPL_EXIT
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
 
@@ -66,8 +66,8 @@ def test_a_reference_start_is_the_same_forked_or_execd(fleet, jail, monkeypatch)
     assert {"impl.begin", "cli.start", "impl.ready", "impl.exit"} <= set(kinds(fleet, "w-True"))
 
 
-@pytest.mark.parametrize("args,code", [(["reference", "bogus-action"], EXIT["bad-input"]),
-                                       (["mutant:no-such-mutant"], EXIT["bad-input"]), ([], EXIT["bad-input"])],
+@pytest.mark.parametrize("args,code", [(["reference", "bogus-action"], IMPL_EXIT["bad-input"]),
+                                       (["mutant:no-such-mutant"], IMPL_EXIT["bad-input"]), ([], IMPL_EXIT["bad-input"])],
                          ids=["bad-action", "unknown-mutant", "no-name"])
 def test_bad_input_gives_the_same_code_and_line(fleet, monkeypatch, args, code):
     argv = [sys.executable, "-S", "-m", "gpujail.reference_impl", *args]
