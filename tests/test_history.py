@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from gpujail.world import history
 
 
@@ -31,3 +33,19 @@ def test_threads_switching_histories_lose_nothing(tmp_path):
     for i, path in enumerate(paths):
         events = [json.loads(line) for line in open(path)]
         assert len(events) == 8 * 150 and {e["path"] for e in events} == {str(i)}
+
+
+def test_a_record_still_being_written_is_left_for_the_next_read(tmp_path):
+    """A run's threads read its history while it grows (jailfs_fleet's injector counts readies): a
+    last line cut short by a writer in mid-write is not an error, and is read once it is whole. A
+    whole line that is not JSON still is one (seen in CI: the injector's thread died on the cut line,
+    the latency never began, and the scenario went INCONCLUSIVE)."""
+    path = tmp_path / "history.jsonl"
+    whole = '{"t": 1.0, "node": "w0", "kind": "worker.ready"}\n'
+    path.write_text(whole + '{"t": 2.0, "node": "w1", "ki')
+    assert [e["node"] for e in history.load(str(path))] == ["w0"]
+    path.write_text(whole + '{"t": 2.0, "node": "w1", "kind": "worker.ready"}\n')
+    assert [e["node"] for e in history.load(str(path))] == ["w0", "w1"]
+    path.write_text(whole + "not json\n")
+    with pytest.raises(json.JSONDecodeError):
+        history.load(str(path))

@@ -114,10 +114,19 @@ def select(events: list[dict], kind: str, **match) -> list[dict]:
 
 
 def load(path: str) -> list[dict]:
-    """All events of a history file, in time order."""
+    """All events of a history file, in time order. A run's own threads read its history while it
+    grows (the network-fault injector counts readies), so the last line may be a record still being
+    written: a last line that does not parse is left for the next read; any other is an error."""
     try:
         with open(path) as f:
-            events = [json.loads(line) for line in f if line.strip()]
+            lines = [line for line in f if line.strip()]
     except FileNotFoundError:
         return []
+    events = [json.loads(line) for line in lines[:-1]]
+    if lines:
+        try:
+            events.append(json.loads(lines[-1]))
+        except json.JSONDecodeError:
+            if lines[-1].endswith("\n"):   # a whole line that is not JSON: not a write in progress
+                raise
     return sorted(events, key=lambda e: e["t"])
