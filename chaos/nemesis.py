@@ -289,12 +289,12 @@ class UpgradedHosts:
         return self._fleet.start(node_id, role=role, version=self._versions.get(node_id, version), **options)
 
 
-def upgrade_host(node, worker: str, upgrade: HostUpgrade, old: str, layout: str, log) -> list[str]:
+def upgrade_host(node, worker: str, upgrade: HostUpgrade, old: str, layout: str, log) -> None:
     """The node's host driver upgraded from `old` to `upgrade.version` while its start runs, as a
     package upgrade does it (old files removed, new ones renamed into place), in the node's own view
-    of the host: its copy-on-write overlays take the writes, the real host never changes. Returns
-    the paths changed, recorded in `chaos.upgrade`: the harness's, not the implementation's, when
-    the node's view reports what its start wrote outside the jail (INV-3)."""
+    of the host: its copy-on-write overlays take the writes, the real host never changes. The paths
+    changed are recorded in `chaos.upgrade`: the harness's, not the implementation's, when the
+    node's view reports what its start wrote outside the jail (INV-3)."""
     tree = drivers.materialise(upgrade.version, layout=layout)
     new = [f for f in drivers.catalogue(upgrade.version, layout) if f.kind in PACKAGE_KINDS]
     gone = sorted({f.path for f in drivers.catalogue(old, layout) if f.kind in PACKAGE_KINDS} - {f.path for f in new})
@@ -304,6 +304,5 @@ def upgrade_host(node, worker: str, upgrade: HostUpgrade, old: str, layout: str,
     if r.returncode != 0:
         raise RuntimeError(f"upgrading {worker}'s host driver to {upgrade.version} failed: "
                            f"{(r.stderr.strip().splitlines() or ['exit ' + str(r.returncode)])[-1]}")
-    changed = json.loads(r.stdout)
-    log("chaos.upgrade", worker=worker, version=upgrade.version, old=old, barrier=upgrade.barrier, paths=changed)
-    return changed
+    log("chaos.upgrade", worker=worker, version=upgrade.version, old=old, barrier=upgrade.barrier,
+        paths=json.loads(r.stdout))
