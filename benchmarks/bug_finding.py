@@ -16,6 +16,8 @@ final state counts at the run's end):
                 window it declares (a run that opens none proves nothing)
   schedules     the unscripted cold start under each --schedule: legacy caught, reference's cost
                 against `free`, and exact replay of a failing pct seed
+  runs-to-detection  per mutant (bundled and shell-template), the seeds of the unscripted cold start
+                it takes each --schedule to catch it (at most 20)
 """
 from __future__ import annotations
 
@@ -170,6 +172,7 @@ def windows(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 # -- the controlled scheduler (issue 29) ------------------------------------------------------------
 
 SCHEDULES = ("free", "random-walk", "pct", "random-walk:syscalls", "pct:syscalls")
+UNSCRIPTED = scenario.load("cold-race-one-fault")   # issue 29's setup: an empty jail, one random CLI fault
 
 
 def _order(r) -> list[tuple]:
@@ -179,26 +182,30 @@ def _order(r) -> list[tuple]:
 
 
 def schedules(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
-    """The unscripted cold start (cold-race-random, 2 workers: random sleeps, and on each worker with
-    probability 0.4 a CLI failing after a random number of mounts) under each --schedule: how many
-    seeds catch legacy's seed bug, the median wall time of a reference run against `free`'s (the
-    scheduler's cost), and whether 10 replays of legacy's first failing pct seed make the same
-    decisions in the same order."""
+    """The unscripted cold start of the issue (cold-race-one-fault, 2 workers: an empty jail, random
+    sleeps, exactly one worker's CLI failing after a random number of mounts) under each --schedule:
+    how many seeds catch legacy's seed bug and the median time to its first violation, the median
+    wall time of a reference run against `free`'s (the scheduler's cost), and whether 10 replays of
+    legacy's first failing pct seed make the same decisions in the same order."""
     runs = 3 if quick else 20
-    sc = dataclasses.replace(scenario.load("cold-race-random"), gpu_workers=2)
+    sc = UNSCRIPTED.with_workers(2)
     rows, raw, free_s = [], {}, None
     for plan in SCHEDULES:
-        times, failing = [], []
+        times, failing, found = [], [], []
         for seed in range(runs):
-            if first_violation_s(runner.run(sc, "legacy", tmp / f"legacy-{plan}-{seed}", seed=seed, scheduled=plan)) is not None:
+            t = first_violation_s(runner.run(sc, "legacy", tmp / f"legacy-{plan}-{seed}", seed=seed, scheduled=plan))
+            if t is not None:
                 failing.append(seed)
+                found.append(t)
         for seed in range(runs // 2 or 1):
             t0 = time.monotonic()
             runner.run(sc, "reference", tmp / f"reference-{plan}-{seed}", seed=seed, scheduled=plan)
             times.append(time.monotonic() - t0)
         free_s = median(times) if plan == "free" else free_s
-        raw[plan] = {"runs": runs, "caught": len(failing), "failing_seeds": failing, "reference_median_s": median(times)}
-        rows.append(Row(f"schedule {plan}: legacy caught, cold-race-random, 2 workers", f"{len(failing)}/{runs}",
+        raw[plan] = {"runs": runs, "caught": len(failing), "failing_seeds": failing, "reference_median_s": median(times),
+                     "median_s_to_violation": median(found)}
+        when = f", median {median(found):.2f} s to the first violation" if found else ""
+        rows.append(Row(f"schedule {plan}: legacy caught, {sc.name}, 2 workers", f"{len(failing)}/{runs}{when}",
                         f"reference run {median(times):.2f} s against free's {free_s:.2f} s", round(median(times) / free_s, 2)))
     failing = raw["pct"]["failing_seeds"]
     if failing:
@@ -209,4 +216,31 @@ def schedules(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         raw["replay"] = {"seed": failing[0], "replays": replays, "identical": same, "steps": len(orders[0])}
         rows.append(Row(f"schedule pct: replay of legacy's failing seed {failing[0]}",
                         f"{same}/{replays} identical orders", f"{len(orders[0])} decisions each"))
+    return rows, raw
+
+
+def runs_to_detection(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """Each mutant of reference (reference_impl/mutants.py) and of the shell template
+    (reference_impl/template_mutants.py) on the unscripted cold start (cold-race-one-fault, 2 workers),
+    seeds 0, 1, 2, ... under `free`, `pct` and `random-walk` (the template's under `free` and `pct`:
+    a scheduled shell run costs seconds): the number of runs until the first violation, or "-" when
+    none of the first 20 (3 with --quick) catches it. A mutant whose mistake needs a host or fault the
+    cold start does not have (a symlinked jail, a warm start, a lock timeout) is caught only by the
+    scripted scenario made for it: the table says which are races a scheduler finds unscripted."""
+    from gpujail.reference_impl import mutants, template_mutants
+    limit = 3 if quick else 20
+    sc = UNSCRIPTED.with_workers(2)
+    tmp.mkdir(parents=True, exist_ok=True)
+    scripts = template_mutants.write(list(template_mutants.MUTANTS), tmp)
+    subjects = [(f"mutant:{n}", f"mutant:{n}", ("free", "pct", "random-walk")) for n in mutants.MUTANTS] + [
+        (f"template:{n}", f"sh {path}", ("free", "pct")) for n, path in scripts.items()]
+    rows, raw = [], {}
+    for label, impl, plans in subjects:
+        found = {}
+        for plan in plans:
+            found[plan] = next((seed + 1 for seed in range(limit) if first_violation_s(runner.run(
+                sc, impl, tmp / f"{label}-{plan}-{seed}".replace(":", "_"), seed=seed, scheduled=plan)) is not None), None)
+        raw[label] = found
+        rows.append(Row(f"runs to detection, {label}", " ".join(f"{p} {n or '-'}" for p, n in found.items()),
+                        f"of at most {limit} runs each, {sc.name}, 2 workers"))
     return rows, raw

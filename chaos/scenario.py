@@ -61,7 +61,8 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
 
 `mode = "random"` replaces the fixed schedule by seeded random faults: each GPU worker's first
 start gets `P%sleep(ms)` terms on the CLI's steps and, with probability `fail_rate`, a
-`return(EIO)` after a random number of mounts; the same seed always gives the same schedule
+`return(EIO)` after a random number of mounts (drawn from `fail_after`; `fail_count = N` instead
+makes exactly N workers, picked by the seed, fail: "one random CLI fault"); the same seed always gives the same schedule
 (`Scenario.schedule(seed)`), so a failing run is replayed exactly from its seed.
 """
 from __future__ import annotations
@@ -81,6 +82,7 @@ SYSCALL = "syscall."   # a fault on `syscall.NAME` is injected by strace at that
 DIR = Path(__file__).resolve().parent / "scenarios"
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
+        "fail_count", "fail_after",
         "capabilities", "probe_interval", "legacy_breaks", "lock_timeout", "scale", "read_only", "mps", "layout", "jail_symlink",
         "hostile_links",
         "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults",
@@ -152,6 +154,8 @@ class Scenario:
     kills: list[Kill] = field(default_factory=list)
     mode: str = "deterministic"
     fail_rate: float = 0.3
+    fail_count: int | None = None   # random mode: exactly this many GPU workers' CLIs fail (instead of fail_rate)
+    fail_after: tuple[int, int] = (3, 40)   # random mode: a failing CLI fails at a mount drawn from this range
     capabilities: str = "compute,utility"
     probe_interval: float = 0.02
     lock_timeout: float = 30.0   # GPUJAIL_LOCK_TIMEOUT for every start
@@ -218,15 +222,18 @@ class Scenario:
                 specs[w].append(f"{f.failpoint}={f.term}")
         if self.mode == "random":
             rng = random.Random(seed)
-            for w, role, _ in self.workers:
-                if role != "gpu-worker":
-                    continue
+            gpu = [w for w, role, _ in self.workers if role == "gpu-worker"]
+            # fail_count picks its failing workers with its own generator: fail_rate's draws stay as they were
+            failing = set(random.Random(f"fail:{seed}").sample(gpu, min(self.fail_count, len(gpu)))
+                          ) if self.fail_count is not None else set()
+            for w in gpu:
                 taken = {spec.split("=")[0] for spec in specs[w]}   # fixed faults keep their failpoint
                 jitter = {"cli.before_mkdir": f"{rng.randint(10, 60)}%sleep({rng.randint(1, 5)})",
                           "cli.before_mount": f"{rng.randint(5, 30)}%sleep({rng.randint(1, 3)})",
                           "ref.before_configure": f"{rng.randint(10, 50)}%sleep({rng.randint(1, 20)})"}
-                if rng.random() < self.fail_rate:
-                    jitter["cli.before_mount"] = f"{rng.randint(3, 40)}*off->return(EIO)"
+                fails = rng.random() < self.fail_rate   # drawn either way: the later draws stay as they were
+                if (w in failing) if self.fail_count is not None else fails:
+                    jitter["cli.before_mount"] = f"{rng.randint(*self.fail_after)}*off->return(EIO)"
                 specs[w] += [f"{fp}={term}" for fp, term in jitter.items() if fp not in taken]
         return {w: ";".join(s) for w, s in specs.items() if s}
 
@@ -314,31 +321,35 @@ def load(source: str | Path) -> Scenario:
         raise ScenarioError(f"{path}: ldconfig.view must be \"blind\" or \"gpu\"")
     if scenario.mode not in ("deterministic", "random"):
         raise ScenarioError(f"{path}: mode {scenario.mode!r}, expected deterministic or random")
+    after = list(scenario.fail_after)
+    if len(after) != 2 or not all(isinstance(n, int) for n in after) or not 1 <= after[0] <= after[1]:
+        raise ScenarioError(f"{path}: fail_after must be [FIRST, LAST] mounts, 1 <= FIRST <= LAST, got {after}")
+    if scenario.fail_count is not None and (not isinstance(scenario.fail_count, int) or scenario.fail_count < 0
+                                            or scenario.mode != "random"):
+        raise ScenarioError(f"{path}: fail_count must be a whole number of workers >= 0, in mode = \"random\"")
     bad_opens = [f"{b} = {o!r}" for b, o in scenario.barrier_opens.items() if o not in BARRIER_OPENS]
     if bad_opens:
         raise ScenarioError(f"{path}: barriers: open {', '.join(bad_opens)}, expected one of {', '.join(BARRIER_OPENS)}")
+    for key, barrier in ([("lock_faults", lf.barrier) for lf in scenario.lock_faults]
+                         + [("swapped_links", sl.barrier) for sl in scenario.swapped_links]
+                         + [("host_upgrades", up.barrier) for up in scenario.host_upgrades]
+                         + [("populate_at", scenario.populate_at)] * bool(scenario.populate_at)):
+        if barrier not in scenario.barriers:
+            raise ScenarioError(f"{path}: {key}: no barrier {barrier!r} (barriers are {', '.join(scenario.barriers)})")
     for lf in scenario.lock_faults:
         if lf.fault not in LOCK_FAULTS:
             raise ScenarioError(f"{path}: lock_faults: fault {lf.fault!r}, expected one of {', '.join(LOCK_FAULTS)}")
-        if lf.barrier not in scenario.barriers:
-            raise ScenarioError(f"{path}: lock_faults: no barrier {lf.barrier!r} (barriers are {', '.join(scenario.barriers)})")
     for sl in scenario.swapped_links:
-        if sl.barrier not in scenario.barriers:
-            raise ScenarioError(f"{path}: swapped_links: no barrier {sl.barrier!r} (barriers are {', '.join(scenario.barriers)})")
         if sl.path.startswith("/") or ".." in sl.path.split("/"):
             raise ScenarioError(f"{path}: swapped_links: path {sl.path!r} must be jail-relative")
     from gpujail.fixtures.drivers import VERSIONS
     versions = {w: v for w, _, v in scenario.workers}
     for up in scenario.host_upgrades:
-        if up.barrier not in scenario.barriers:
-            raise ScenarioError(f"{path}: host_upgrades: no barrier {up.barrier!r} (barriers are {', '.join(scenario.barriers)})")
         if not versions.get(up.worker):
             raise ScenarioError(f"{path}: host_upgrades: no GPU worker {up.worker!r}")
         if up.version not in VERSIONS or up.version == versions[up.worker]:
             raise ScenarioError(f"{path}: host_upgrades: {up.worker} runs {versions[up.worker]}; version "
                                 f"{up.version!r} must be another of {', '.join(VERSIONS)}")
-    if scenario.populate_at and scenario.populate_at not in scenario.barriers:
-        raise ScenarioError(f"{path}: populate_at: no barrier {scenario.populate_at!r}")
     if scenario.start_timeout is not None and not 0 < scenario.start_timeout < float("inf"):
         raise ScenarioError(f"{path}: start_timeout must be a positive number of seconds")
     from gpujail.fixtures.nvc_info import CAPABILITIES

@@ -230,9 +230,32 @@ def test_scenario_keys_are_checked(tmp_path):
                         'version = "570.86.15" }]\n', "no GPU worker"),
                        ('host_upgrades = [{ worker = "w1", barrier = "r", version = "570.86.15" }]\n', "no barrier"),
                        ('[worker_capabilities]\nw1 = "compute,vulkan"\n', "unknown capability 'vulkan'"),
-                       ('[worker_capabilities]\nw7 = "compute"\n', "no worker 'w7'")]:
+                       ('[worker_capabilities]\nw7 = "compute"\n', "no worker 'w7'"),
+                       ("fail_count = 1\n", "fail_count"),
+                       ('mode = "random"\nfail_count = -1\n', "fail_count"),
+                       ('mode = "random"\nfail_after = [5, 2]\n', "fail_after"),
+                       ('mode = "random"\nfail_after = [0, 2]\n', "fail_after")]:
         with pytest.raises(ScenarioError, match=words):
             load(bad)
+
+
+def test_one_random_cli_fault_is_exactly_one_and_fires():
+    """cold-race-one-fault (issue 29's unscripted setup): every seed fails exactly one worker's CLI,
+    picked by the seed, at a mount before its last (a compute start mounts 24 files); the same seed
+    gives the same schedule, and cold-race-random's draws are unchanged by the new keys."""
+    sc = scenario.load("cold-race-one-fault").with_workers(4)
+    failing = []
+    for seed in range(40):
+        fails = {w: t for w, spec in sc.schedule(seed).items() for t in spec.split(";") if "EIO" in t}
+        assert len(fails) == 1, (seed, fails)
+        (w, term), = fails.items()
+        assert 2 <= int(term.split("=")[1].split("*")[0]) <= 20
+        failing.append(w)
+    assert set(failing) == {"w0", "w1", "w2", "w3"}
+    assert sc.schedule(7) == sc.schedule(7)
+    assert scenario.load("cold-race-random").with_workers(2).schedule(4) == {
+        "w0": "cli.before_mkdir=25%sleep(3);cli.before_mount=7*off->return(EIO);ref.before_configure=35%sleep(16)",
+        "w1": "cli.before_mkdir=11%sleep(4);cli.before_mount=22%sleep(2);ref.before_configure=13%sleep(8)"}
 
 
 def test_the_new_scenarios_load_with_their_windows():
