@@ -335,8 +335,13 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             probes[w] = files_for(up.version, w)
 
         planted: list[str] = []   # jail paths the harness swapped in during the run (not the workers' doing)
-        keeper = threading.Thread(target=nemesis.keep_barriers,
-                                  args=(scenario, run_dir, threads, nodes, log, jail, planted, upgrade))
+        def keep_barriers() -> None:
+            try:
+                nemesis.keep_barriers(scenario, run_dir, threads, nodes, log, jail, planted, upgrade)
+            except Exception as e:   # a harness thread never dies in silence: raised below, the run fails
+                errors["the barrier keeper"] = e
+
+        keeper = threading.Thread(target=keep_barriers, name="barrier-keeper")
         keeper.start()
 
         with_compat: set[str] = set()
@@ -368,7 +373,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             t.join()
         if errors:
             wid, e = sorted(errors.items())[0]
-            raise RuntimeError(f"worker {wid} could not be started: {e}") from e
+            what = f"worker {wid} could not be started" if wid in threads or wid in nemesis_names else f"{wid} failed"
+            raise RuntimeError(f"{what}: {e}") from e
         probe_ready()
         for name, worker in nemesis_ready.items():   # idle now: their ready spans get their evidence
             probe(name, worker, files_for(versions[name], name))

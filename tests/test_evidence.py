@@ -138,6 +138,29 @@ def test_the_runner_ends_the_prewarm_span_at_its_kill_and_probes_it(tmp_path):
     assert result.verdict.valid is True, result.report()
 
 
+@pytest.mark.kernel
+def test_a_harness_thread_that_dies_fails_the_run_loudly(tmp_path, monkeypatch):
+    """The barrier keeper and a network-fault injector run in threads of the harness; one that died
+    (a history record cut in mid-write once killed the injector) left a run whose faults never came,
+    reported at best as INCONCLUSIVE. Now the run itself fails, naming the thread and its error."""
+    from gpujail.backends import jailfs_fleet, kernel
+    from gpujail.backends.jailfs import NetFault
+    from gpujail.chaos import nemesis, runner, scenario
+
+    def broken(*args, **kwargs):
+        raise ValueError("a record cut in mid-write")
+
+    one = scenario.Scenario(name="one", gpu_workers=1)
+    monkeypatch.setattr(nemesis, "keep_barriers", broken)
+    with pytest.raises(RuntimeError, match="the barrier keeper failed: a record cut in mid-write"):
+        runner.run(one, "reference", tmp_path / "keeper")
+    monkeypatch.undo()
+    # a latency fault on a local jail: the local file system has no volume to slow, so its injector dies
+    fleet = jailfs_fleet.fleet_class(kernel.Fleet, "local", (NetFault("latency", after_ready=1, hold=0.1, ms=5),))
+    with pytest.raises(RuntimeError, match="the latency fault's injector failed"):
+        runner.run(one, "reference", tmp_path / "injector", fleet_class=fleet)
+
+
 # -- the gate: UNKNOWN and INCONCLUSIVE are not success ------------------------------------------
 
 def test_an_unlisted_inconclusive_run_fails_the_gate():

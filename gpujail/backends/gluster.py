@@ -45,6 +45,8 @@ class GlusterVolume:
     # -- faults only a network file system has (SPEC section 7) ---------------------------------------
 
     def _gluster(self, *args: str, timeout: float = CALL_TIMEOUT) -> str:
+        if getattr(self, "kind", "gluster") != "gluster":   # no volume, no daemon: its CLI would log into the cwd
+            raise RuntimeError(f"gluster {' '.join(args[:2])}: the jail is on {self.kind}, not a GlusterFS volume")
         return run(["gluster", "--mode=script", f"--glusterd-sock={self._gluster_sock}",
                      f"--log-file={self.state}/log/cli.log", *args], "gluster", timeout)
 

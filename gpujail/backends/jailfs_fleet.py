@@ -41,7 +41,8 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             self._fs_cm = provide(kind, self.env_run_dir(), self.jail, cache_timeout=CHAOS_CACHE_TIMEOUT)
             self.jailfs = self._fs_cm.__enter__()
             self._stop, self._faulty = threading.Event(), threading.Event()
-            self._nemesis = [threading.Thread(target=self._inject, args=(f,), daemon=True) for f in faults]
+            self._inject_errors: list[str] = []   # a fault injector never dies in silence: raised at __exit__
+            self._nemesis = [threading.Thread(target=self._inject_or_say, args=(f,), daemon=True) for f in faults]
             for t in self._nemesis:
                 t.start()
             return super().__enter__()
@@ -65,6 +66,13 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             from gpujail.world import history
             hist = self.env.get(history.ENV)
             return Path(hist).parent if hist else self.jail.parent
+
+        def _inject_or_say(self, f: NetFault) -> None:
+            try:
+                self._inject(f)
+            except Exception as e:
+                self._faulty.clear()
+                self._inject_errors.append(f"the {f.fault} fault's injector failed: {e!r}")
 
         def _inject(self, f: NetFault) -> None:
             from gpujail.world import history
@@ -107,6 +115,8 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
                 fs = self.jailfs
                 self._fs_cm.__exit__(*exc)
                 self._fs_left = fs.leftovers()
+            if self._inject_errors and exc[0] is None:   # a run whose faults were never injected proves nothing
+                raise RuntimeError("; ".join(self._inject_errors))
 
         _fs_left: list[str] = []
 
