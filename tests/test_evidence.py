@@ -143,9 +143,10 @@ def test_a_harness_thread_that_dies_fails_the_run_loudly(tmp_path, monkeypatch):
     """The barrier keeper and a network-fault injector run in threads of the harness; one that died
     (a history record cut in mid-write once killed the injector) left a run whose faults never came,
     reported at best as INCONCLUSIVE. Now the run itself fails, naming the thread and its error."""
+    from gpujail.chaos import nemesis, runner, scenario
+
     from gpujail.backends import jailfs_fleet, kernel
     from gpujail.backends.jailfs import NetFault
-    from gpujail.chaos import nemesis, runner, scenario
 
     def broken(*args, **kwargs):
         raise ValueError("a record cut in mid-write")
