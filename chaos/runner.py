@@ -271,7 +271,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                     env=contract,
                     first_attempt_env=first_env.get(wid),
                     attempt_env={a: {"GPUJAIL_FAILPOINTS": spec} for a, spec in restarts.get(wid, {}).items()},
-                    on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout,
+                    on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout, syscall_points=plan.syscalls,
                     node_options={**({"jail_readonly": True} if scenario.read_only else {}),
                                   **({"mps": True} if scenario.mps else {}),
                                   "layout": scenario.layout})

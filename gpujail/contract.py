@@ -92,10 +92,12 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
                  capabilities: str = "compute,utility", env: dict[str, str] | None = None,
                  timeout: float | None = None, node_options: dict | None = None,
                  first_attempt_env: dict[str, str] | None = None, on_node=None,
-                 attempt_env: dict[int, dict[str, str]] | None = None) -> Worker:
+                 attempt_env: dict[int, dict[str, str]] | None = None, syscall_points: bool = False) -> Worker:
     """Start a worker and restart it by `policy` until it reports ready or gives up.
     `first_attempt_env` is added to the first start only (a transient fault), `attempt_env[i]` to
-    start i (0 the first: a fault that hits the restart, not the start before it); `on_node(node)` is
+    start i (0 the first: a fault that hits the restart, not the start before it); `syscall_points`:
+    every start runs under fixtures/bin/gpujail-syscall-points, so its system calls on the jail are
+    scheduling points of the scheduler its env names (`--schedule ...:syscalls`); `on_node(node)` is
     called with each new node (the chaos runner uses it to kill nodes). A node that dies under the
     implementation (killed) counts as a failed attempt with code "killed". A restart whose node cannot be set
     up is a failed attempt with code "no-node". A start that reaches its
@@ -131,7 +133,7 @@ def start_worker(fleet: Fleet, node_id: str, impl: str, role: str = "gpu-worker"
             on_node(node)
         extra = {**(env or {}), **((first_attempt_env or {}) if attempt == 0 else {}),
                  **(attempt_env or {}).get(attempt, {})}
-        if schedule.syscall_points(extra.get(schedule.ENV)):   # its system calls are scheduling points too
+        if syscall_points and extra.get(schedule.ENV):   # its system calls are scheduling points too
             argv = [sys.executable, "-S", str(BIN / "gpujail-syscall-points"), *argv]
         try:
             result = node.run(argv, env=node.contract_env(capabilities, extra), timeout=timeout)

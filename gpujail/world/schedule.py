@@ -13,7 +13,7 @@ that failpoint, path) and blocks until the scheduler writes one byte back. The f
 if it is armed, runs after that. A client that cannot connect (no scheduler any more: the run
 ended) or whose connection is closed goes on: a scheduler never holds a process past its run.
 With `syscalls` in the plan (`pct:syscalls`, `random-walk:syscalls`) each worker start runs under
-fixtures/bin/gpujail-syscall-points (gpujail/contract.py wraps it when `syscall_points(address)`):
+fixtures/bin/gpujail-syscall-points (the runner asks `contract.start_worker(syscall_points=True)`):
 a seccomp user-notification supervisor that arrives the same way, as `syscall.mkdir`,
 `syscall.openat`, `syscall.mount`, ... with the path, for each of those calls on the jail, before
 letting the kernel run it. For the scheduler they are points like any other.
@@ -215,15 +215,6 @@ def announce(address: str, name: str, hit: int, path: str = "") -> socket.socket
         return None
 
 
-_SYSCALL_POINTS: set[str] = set()   # addresses of this process's live schedulers whose plan has `syscalls`
-
-
-def syscall_points(address: str | None) -> bool:
-    """Whether the worker starts that get `address` in GPUJAIL_SCHEDULER run under
-    gpujail-syscall-points (gpujail/contract.py asks; the scheduler runs in the same harness process)."""
-    return bool(address) and address in _SYSCALL_POINTS
-
-
 # -- the harness side ---------------------------------------------------------------------------
 
 class _Request:
@@ -282,8 +273,6 @@ class Scheduler:
             os.close(fd)
 
     def start(self) -> Scheduler:
-        if self.plan.syscalls:
-            _SYSCALL_POINTS.add(self.address)
         if self.log:
             self.log("sched.begin", strategy=str(self.plan), seed=self.seed, workers=self.workers,
                      **self.strategy.describe())
@@ -292,7 +281,6 @@ class Scheduler:
 
     def stop(self) -> None:
         """Stop deciding; whoever still waits is let go (its connection closed)."""
-        _SYSCALL_POINTS.discard(self.address)
         self._stop.set()
         self._thread.join()
         self._sock.close()
