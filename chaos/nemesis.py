@@ -35,6 +35,7 @@ from gpujail.reference_impl import core
 
 from gpujail.contract import RestartPolicy, command_for, start_worker
 from gpujail.spec import LOCK
+from gpujail.world import history
 from gpujail.world.failpoints import Barrier
 
 
@@ -155,22 +156,11 @@ class _FailedStarts:
     as it grows: a barrier that opens once every other worker gave up at least once."""
 
     def __init__(self, path: Path):
-        self.path, self.offset, self.failed = path, 0, set()
+        self.tail, self.failed = history.Tail(path), set()
 
     def __call__(self) -> set[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return self.failed
-        end = data.rfind(b"\n") + 1   # whole lines only: a writer may be half-way through one
-        self.offset += end
-        for line in data[:end].splitlines():
-            if b'"worker.exit"' in line:
-                e = json.loads(line)
-                if e.get("kind") == "worker.exit" and e.get("code") not in (0, "0"):
-                    self.failed.add(e.get("node"))
+        self.failed.update(e.get("node") for e in self.tail()
+                           if e.get("kind") == "worker.exit" and e.get("code") not in (0, "0"))
         return self.failed
 
 

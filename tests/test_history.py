@@ -49,3 +49,19 @@ def test_a_record_still_being_written_is_left_for_the_next_read(tmp_path):
     path.write_text(whole + "not json\n")
     with pytest.raises(json.JSONDecodeError):
         history.load(str(path))
+
+
+def test_a_tail_reads_each_whole_record_once(tmp_path):
+    """history.Tail (the barrier keeper's and the fault injector's reader): each call returns only
+    what was appended since, and a record still being written waits for its newline."""
+    path = tmp_path / "history.jsonl"
+    tail = history.Tail(path)
+    assert tail() == []   # no file yet
+    with open(path, "w") as f:
+        f.write('{"t": 1.0, "node": "w0", "kind": "worker.ready"}\n{"t": 2.0, "node": "w1", "ki')
+        f.flush()
+        assert [e["node"] for e in tail()] == ["w0"]
+        f.write('nd": "worker.ready"}\n')
+        f.flush()
+        assert [e["node"] for e in tail()] == ["w1"]
+        assert tail() == []

@@ -79,8 +79,11 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             hist = self.env.get(history.ENV)
             log = lambda k, **kw: history.append(hist, k, node="host", **kw)   # noqa: E731
             kind, n = ("worker.ready", f.after_ready) if f.after_ready else ("worker.start", 1)
-            while not self._stop.is_set() and sum(1 for e in history.load(hist or "") if e.get("kind") == kind) < n:
-                self._stop.wait(0.02)
+            tail, seen = history.Tail(hist), 0   # the history as it grows: read once, not again every 20 ms
+            while not self._stop.is_set() and seen < n:
+                seen += sum(1 for e in tail() if e.get("kind") == kind)
+                if seen < n:
+                    self._stop.wait(0.02)
             if self._stop.wait(f.delay) or self._stop.is_set():
                 return
             fs = self.jailfs

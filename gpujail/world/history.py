@@ -130,3 +130,25 @@ def load(path: str) -> list[dict]:
             if lines[-1].endswith("\n"):   # a whole line that is not JSON: not a write in progress
                 raise
     return sorted(events, key=lambda e: e["t"])
+
+
+class Tail:
+    """A history read as it grows, by a thread of its run (a barrier keeper, a fault injector): each
+    call returns the events appended since the last, in file order, whole lines only (a writer may
+    be half-way through one); a file not there yet has no events."""
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.path, self.offset = path, 0
+
+    def __call__(self) -> list[dict]:
+        if not self.path:
+            return []
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
