@@ -130,6 +130,7 @@ def _client(tmp_path: Path, node: str, address: str, *paths: str) -> subprocess.
                                  "GPUJAIL_HISTORY": str(tmp_path / "h.jsonl")})
 
 
+@pytest.mark.unprivileged
 def test_a_worker_waits_at_its_point_and_leaves_the_schedule_when_killed(tmp_path):
     """w1 is 'being started' (node_of -> 0) until told otherwise: nothing is decided, w0 waits at its
     point; killed there, it leaves the schedule. Then a client alone runs its points in order, each
@@ -210,6 +211,7 @@ def test_a_failing_seed_replays_its_exact_order_ten_times(tmp_path, kernel_ok):
 
 
 @pytest.mark.kernel
+@pytest.mark.unprivileged
 def test_pct_replays_and_free_records_no_schedule(tmp_path, kernel_ok):
     sc = scenario.load("cold-race-random").with_workers(2).randomised()
     a = runner.run(sc, "legacy", tmp_path / "a", seed=5, scheduled="pct")

@@ -36,8 +36,9 @@ from gpujail.world.schedule import ScheduleError, parse
 REPO = Path(__file__).resolve().parents[1]
 WRAPPER = REPO / "fixtures" / "bin" / "gpujail-syscall-points"
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"),
-                                reason="seccomp user notification: Linux on x86_64 or aarch64")
+pytestmark = [pytest.mark.skipif(sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"),
+                                 reason="seccomp user notification: Linux on x86_64 or aarch64"),
+              pytest.mark.unprivileged]   # seccomp notification needs no privilege: ./run-tests runs these as uid 65534 too
 
 
 class Recorder:
