@@ -144,9 +144,11 @@ def test_a_harness_thread_that_dies_fails_the_run_loudly(tmp_path, monkeypatch):
     (a history record cut in mid-write once killed the injector) left a run whose faults never came,
     reported at best as INCONCLUSIVE. Now the run itself fails, naming the thread and its error."""
     from gpujail.chaos import nemesis, runner, scenario
+    from gpujail.fixtures.jail import make_jail
 
     from gpujail.backends import jailfs_fleet, kernel
     from gpujail.backends.jailfs import NetFault
+    from gpujail.world import history
 
     def broken(*args, **kwargs):
         raise ValueError("a record cut in mid-write")
@@ -155,11 +157,15 @@ def test_a_harness_thread_that_dies_fails_the_run_loudly(tmp_path, monkeypatch):
     monkeypatch.setattr(nemesis, "keep_barriers", broken)
     with pytest.raises(RuntimeError, match="the barrier keeper failed: a record cut in mid-write"):
         runner.run(one, "reference", tmp_path / "keeper")
-    monkeypatch.undo()
-    # a latency fault on a local jail: the local file system has no volume to slow, so its injector dies
-    fleet = jailfs_fleet.fleet_class(kernel.Fleet, "local", (NetFault("latency", after_ready=1, hold=0.1, ms=5),))
+    # a latency fault on a local jail, due at the first start: the local file system has no volume
+    # to slow, so its injector dies (waited for here: a run may end before the injector's next look)
+    fleet_class = jailfs_fleet.fleet_class(kernel.Fleet, "local", (NetFault("latency", after_ready=0, hold=0.1, ms=5),))
+    hist = tmp_path / "history.jsonl"
     with pytest.raises(RuntimeError, match="the latency fault's injector failed"):
-        runner.run(one, "reference", tmp_path / "injector", fleet_class=fleet)
+        with fleet_class(make_jail(tmp_path / "jail"), {history.ENV: str(hist)}) as fleet:
+            history.append(str(hist), "worker.start", node="w0", impl="reference", attempt=0)
+            for t in fleet._nemesis:
+                t.join(timeout=10)
 
 
 # -- the gate: UNKNOWN and INCONCLUSIVE are not success ------------------------------------------
