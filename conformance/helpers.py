@@ -107,16 +107,18 @@ def changes(before: dict, after: dict, ignore=()) -> list[str]:
 
 
 def stub_cli(tmp_path: Path, list_output: str | None = None, configure: str | None = None, list_exit: int = 0) -> dict:
-    """An environment whose `nvidia-container-cli` is a wrapper around the fake: `list` prints
-    `list_output` if given and exits `list_exit`; `configure` runs the shell snippet `configure` if
-    given (with "$@"), else the real configure. Returns the env overrides for `world.start(env=...)`."""
+    """An environment whose `nvidia-container-cli` is a wrapper around the fake: `list` (the whole
+    file set: no option) prints `list_output` if given and exits `list_exit` (`list` with options,
+    e.g. `--libraries` for the 64-bit section, is the fake's); `configure` runs the shell snippet
+    `configure` if given (with "$@"), else the real configure. Returns the env overrides for
+    `world.start(env=...)`."""
     real = BIN / "nvidia-container-cli"
     d = tmp_path / "stub-cli"
     d.mkdir(exist_ok=True)
     lines = ["#!/bin/sh"]
     if list_output is not None:
         (d / "list.txt").write_text(list_output)
-        lines.append(f'for a; do [ "$a" = list ] && {{ cat "{d}/list.txt"; exit {list_exit}; }}; done')
+        lines.append(f'[ "$*" = list ] && {{ cat "{d}/list.txt"; exit {list_exit}; }}')
     if configure is not None:
         lines.append(f'for a; do [ "$a" = configure ] && {{ {configure}\n}}; done')
     lines.append(f'exec "{real}" "$@"')

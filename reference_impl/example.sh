@@ -15,6 +15,7 @@
 # so a symlink out of the jail is refused. (A C or Python implementation should use openat2 with
 # RESOLVE_IN_ROOT instead; see reference_impl/core.py.)
 set -eu
+umask 022   # a marker is created 0644, the mode of most host libraries: only other modes need a chmod
 
 JAIL=$(cd -P -- "${GPUJAIL_JAIL:-$PWD}" && pwd -P)
 CLI=nvidia-container-cli
@@ -93,16 +94,14 @@ dummy_mounts() {
     exit 0
 }
 
-# elf32 HOSTPATH: the library is 32-bit. REF-2: the CLI knows it from `list`'s sections (the ELF class
-# the host's linker cache records), so we read the class byte of its ELF header (od prints it as
-# "   1" or "   2"), never the directory's name: /usr/lib holds 64-bit libraries on Arch, 32-bit ones on RHEL.
-elf32() { case $(od -An -tu1 -j4 -N1 -- "$1" 2>/dev/null) in 1|*[!0-9]1) return 0 ;; esac; return 1; }
-
-# target HOSTPATH: the jail-relative path the CLI mounts HOSTPATH at (SPEC CLI-3, REF-2).
+# target HOSTPATH: the jail-relative path the CLI mounts HOSTPATH at (SPEC CLI-3, REF-2). Whether a
+# library is 32-bit follows the CLI, from `list`'s sections: `list --libraries` prints the 64-bit
+# ones only ($lib64, below), so a listed library not among them is 32-bit. Never the directory's
+# name: /usr/lib holds 64-bit libraries on Arch, 32-bit ones on RHEL.
 target() {
     base=${1##*/}
     case "$1" in
-        */lib*.so*) if elf32 "$1"; then echo "$LIB32DIR/$base"; else echo "$LIBDIR/$base"; fi ;;
+        */lib*.so*) case "$NL$lib64$NL" in *"$NL$1$NL"*) echo "$LIBDIR/$base" ;; *) echo "$LIB32DIR/$base" ;; esac ;;
         */bin/*|*/sbin/*) echo "usr/bin/$base" ;;
         *) echo "${1#/}" ;;
     esac
@@ -115,6 +114,7 @@ if ! list=$("$CLI" list 2>/dev/null); then    # on failure, run it again for its
     die 2 "\`$CLI list\` failed: $("$CLI" list 2>&1 >/dev/null | tail -n 1)"
 fi
 [ -n "$list" ] || die 2 "\`$CLI list\` printed no files: is the driver installed?"
+lib64=$("$CLI" list --libraries 2>/dev/null) || die 2 "\`$CLI list --libraries\` failed"
 # Where the CLI mounts each listed file, worked out once: "HOST<TAB>REL" pairs (REL in the jail).
 files=$(printf '%s\n' "$list" | while IFS= read -r host; do
     [ -n "$host" ] || continue
@@ -181,11 +181,12 @@ place_marker() { # place_marker REL MODE
         if ( set -C; : > "$f" ) 2>/dev/null; then
             # Ours (O_EXCL): never leave it truncated, an empty file is what a failing CLI deletes
             # from under other workers' mounts (unless another node filled it meanwhile).
-            if ! write_marker "$f" || [ "$(stat -c %s -- "$f")" -ne 26 ]; then
+            # (dd writes the whole marker or fails: a short write, a full jail, is its error)
+            if ! write_marker "$f"; then
                 [ "$(stat -c %s -- "$f" 2>/dev/null || echo 26)" -ge 26 ] || rm -f -- "$f"
                 die 8 "cannot write marker $JAIL/$1: full jail"
             fi
-            chmod "$2" -- "$f" || die 8 "cannot chmod marker $JAIL/$1"
+            [ "$2" = 644 ] || chmod "$2" -- "$f" || die 8 "cannot chmod marker $JAIL/$1"
             return 0
         fi
         [ -e "$f" ] || [ -L "$f" ] || die 8 "cannot create marker $JAIL/$1: read-only or full jail"
@@ -196,10 +197,13 @@ place_marker() { # place_marker REL MODE
 # REF-5: markers for what is still missing, under the lock (re-checked: an earlier holder may have
 # created them).
 create_markers() {
+    # each host file's mode, "MODE HOST" lines, read by one stat (not one per file)
+    modes=$NL$(printf '%s\n' "$1" | cut -f1 | xargs -r -d '\n' stat -L -c '%a %n' -- 2>/dev/null)$NL || true
     printf '%s\n' "$1" | while IFS='	' read -r host rel; do
         [ -n "$host" ] || continue
         needs_marker "$JAIL/$rel" || stale_link "$rel" || continue
-        mode=$(stat -L -c %a -- "$host" 2>/dev/null) || die 2 "listed host file $host does not exist"
+        case "$modes" in *" $host$NL"*) ;; *) die 2 "listed host file $host does not exist" ;; esac
+        mode=${modes%%" $host$NL"*}; mode=${mode##*"$NL"}   # the line before " HOST": its mode
         if [ -d "$host" ]; then                     # REF-3: the MPS pipe directory gets a directory,
             enter_dir "$rel" create || die 7 "cannot enter $JAIL/$rel"
             # holding a marker: a failing CLI's cleanup removes an *empty* directory it mounted over
