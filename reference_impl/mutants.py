@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
+import functools
 import os
 import types
+from pathlib import Path
 from unittest import mock
 
 from gpujail.reference_impl import core as shared_core
@@ -476,12 +477,20 @@ def build(name: str) -> types.SimpleNamespace:
         step: _bound(getattr(steps, step), core) for step in ("gpu_worker", "cpu_worker", "populate_cleanup")})
 
 
+@functools.cache
+def _core_code() -> types.CodeType:
+    """core.py compiled once: a mutant is built per start (the model builds one per simulation),
+    and importing a copy through the import system would compile it again each time (and under
+    pytest, whose assertion rewriting covers the plugin's package, rewrite it too: 45 ms a copy)."""
+    return compile(Path(shared_core.__file__).read_text(), shared_core.__file__, "exec")
+
+
 def _private_core() -> types.ModuleType:
     """A fresh copy of core.py (not in sys.modules). Its failures are the shared core's `Fatal` and
     its context the shared `Ctx`, so the runner and the other modules see the ones they know."""
-    spec = importlib.util.find_spec(shared_core.__name__)
-    copy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
+    copy = types.ModuleType(shared_core.__name__, shared_core.__doc__)
+    copy.__file__, copy.__package__, copy.__spec__ = shared_core.__file__, shared_core.__package__, shared_core.__spec__
+    exec(_core_code(), copy.__dict__)
     copy.Fatal, copy.Ctx = shared_core.Fatal, shared_core.Ctx
     return copy
 

@@ -117,7 +117,7 @@ def test_a_lock_held_forever_times_out_in_virtual_time():
 
 def test_legacy_seed_bug_is_found_and_shrunk():
     """Issue 6: for legacy, Hypothesis finds the seed bug and shrinks it to a short plan."""
-    plan, exploration = explore.find_violation("legacy", seed=0, max_examples=2000)
+    plan, exploration = explore.find_violation("legacy", seed=0, max_examples=2000, database=None)
     assert plan is not None, f"{exploration.examples} examples, nothing found"
     assert explore.size(plan) <= 12
     outcome = explore.simulate("legacy", plan)
@@ -129,14 +129,14 @@ def test_legacy_seed_bug_is_found_and_shrunk():
 
 @pytest.mark.parametrize("impl", ["reference", "direct"])
 def test_the_fixed_procedures_survive_exploration(impl):
-    plan, exploration = explore.find_violation(impl, seed=0, max_examples=150)
+    plan, exploration = explore.find_violation(impl, seed=0, max_examples=150, database=None)
     assert plan is None, explore.describe(explore.simulate(impl, plan))
     assert exploration.examples >= 100 and len(exploration.interleavings) > 20
 
 
 @pytest.mark.parametrize("mutant", ["zero-byte-placeholders", "recreate-markers", "cleanup-on-failure"])
 def test_exploration_finds_each_mutant(mutant):
-    plan, _ = explore.find_violation(f"mutant:{mutant}", seed=0, max_examples=1000)
+    plan, _ = explore.find_violation(f"mutant:{mutant}", seed=0, max_examples=1000, database=None)
     assert plan is not None
 
 
