@@ -71,14 +71,16 @@ def paths(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         r = first.node.run([sys.executable, "-m", "gpujail.benchmarks.warm_path", str(listing), str(n * 10)],
                            env=first.node.contract_env())
         inproc = json.loads(r.stdout)
-        process = {}
+        process, cpu = {}, {}
         for impl in ("reference", "direct", "example-shell"):
             times = []
+            c0 = machine_cpu()   # the whole machine's: node, implementation, CLI server and harness
             for i in range(n):
                 w = start_worker(fleet, f"{impl}-{i}", impl)
                 assert w.ready, w.attempts[-1].stderr
                 times.append(w.attempts[-1].duration)
                 w.node.kill()
+            cpu[impl] = (machine_cpu() - c0) / n
             process[impl] = median(times)
     warm_in = median(inproc["times"])
     rows = [Row(f"reference warm path in-process ({inproc['files']} files, no lock)", ms(warm_in),
@@ -86,9 +88,13 @@ def paths(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
             Row("direct, start to ready, warm jail", ms(process["direct"]), f"reference {ms(process['reference'])}",
                 ratio(process["direct"], process["reference"])),
             Row("example-shell, start to ready, warm jail", ms(process["example-shell"]),
-                f"reference {ms(process['reference'])}", ratio(process["example-shell"], process["reference"]))]
+                f"reference {ms(process['reference'])}", ratio(process["example-shell"], process["reference"])),
+            *[Row(f"machine CPU per warm start, {impl} (node up to ready, one at a time)", ms(cpu[impl]),
+                  f"reference {ms(cpu['reference'])}", ratio(cpu[impl], cpu["reference"]))
+              for impl in ("direct", "example-shell")]]
     cold, raw_cold = cold_contention(tmp / "cold")
-    return rows + cold, {"warm_inprocess_s": warm_in, "start_to_ready_s": process, "cold_16": raw_cold}
+    return rows + cold, {"warm_inprocess_s": warm_in, "start_to_ready_s": process, "cpu_per_start_s": cpu,
+                         "cold_16": raw_cold}
 
 
 def cold_contention(tmp: Path, workers: int = 16) -> tuple[list[Row], dict]:
