@@ -60,6 +60,8 @@ def judge(result, request) -> tuple[list[str], list[str]]:
     if result.windows:
         request.node.user_properties.append(
             ("windows", " ".join(f"{w}={'opened' if ok else 'closed'}" for w, (ok, _) in result.windows.items())))
+        # where each opened, or why not: report.html shows it without judging the history again
+        request.node.user_properties.append(("window_notes", {w: why for w, (_, why) in result.windows.items()}))
     return result.judge()
 
 

@@ -13,9 +13,10 @@ verdict at the top, one click to any test and any chaos run.
 * The chaos runs (`chaos_runs`, `run_table`): every chaos test of the summary (a test with
   invariants), passing ones too. Each kept its files in `<reports>/chaos/<test>/` (history.jsonl,
   final_state.json, timeline.html: chaos/test_scenarios.py `verdict`, chaos/runner.py
-  `ChaosRun.keep`); the page judges each history again with the checker (pure, so the verdict is
-  the one the test saw) to say where each declared fault window opened, or why it did not, and
-  links the files by paths relative to the page (the reports directory moves as one).
+  `ChaosRun.keep`); where each declared fault window opened, or why it did not, comes from the
+  summary (the test recorded it); only a failed run's history is judged again with the checker
+  (pure, so the verdict is the one the test saw), for its chain and timeline. Files are linked by
+  paths relative to the page (the reports directory moves as one).
 * The picture (`grid_svg`): one row per chaos run, one cell per invariant and one for its fault
   windows, coloured pass / fail / expected fail / unknown / inconclusive; each row links to its run.
 * The tables of gpujail/report.py's aggregation (per requirement, per invariant, the fault table,
@@ -97,28 +98,25 @@ def suite_of(test: str) -> str:
 
 def chaos_runs(report: dict, root: Path, page_dir: Path) -> list[dict]:
     """Every chaos run of this report, in test order: its entry, the files it kept (paths relative
-    to the page), its verdict and each declared fault window (opened?, where or why not) judged
-    again from the kept history, and for a failed run its replay command and timeline SVG."""
+    to the page), each declared fault window (opened?, where or why not: the test's record), and
+    for a failed run its verdict judged again from the kept history, replay command and timeline SVG."""
     from gpujail.chaos import checker, timeline
-    from gpujail.chaos.checkers import windows as fault_windows
     from gpujail.world import history
     out = []
     for t in sorted((t for t in tests_of(report).values() if t.get("invariants")), key=lambda t: t["test"]):
         d = root / CHAOS_DIR / artefact_name(t["test"])
+        notes = t.get("window_notes") or {}
         run = {"test": t, "dir": d, "verdict": None, "svg": "", "reproduce": "", "error": "",
                "files": {n: os.path.relpath(d / n, page_dir) for n in FILES if (d / n).exists()},
-               "windows": {w.partition("=")[0]: (w.partition("=")[2] == "opened", "")
+               "windows": {w.partition("=")[0]: (w.partition("=")[2] == "opened", notes.get(w.partition("=")[0], ""))
                            for w in (t.get("windows") or "").split()}}
-        if (d / "history.jsonl").exists():
+        if t["status"] in ("failed", "expected-fail") and (d / "history.jsonl").exists():
             try:
                 events = history.load(str(d / "history.jsonl"))
                 final = json.loads((d / "final_state.json").read_text()) if (d / "final_state.json").exists() else None
                 run["verdict"] = checker.check(events, final)
-                view = checker.Run(events, final)
-                run["windows"] = {w: fault_windows.opened(w, view) for w in run["windows"]}
                 run["reproduce"] = reproduce_command(t["test"], events, report["run_info"]["implementation"])
-                if t["status"] in ("failed", "expected-fail"):
-                    run["svg"] = timeline.svg(events, run["verdict"])
+                run["svg"] = timeline.svg(events, run["verdict"])
             except Exception as e:   # a history from another version of the harness: the page still gets written
                 run["error"] = f"could not judge its history again: {type(e).__name__}: {e}"
         out.append(run)

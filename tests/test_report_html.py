@@ -101,7 +101,8 @@ def small_report(root: Path) -> dict:
               "invariants": passed.replace("INV-1=PASS", "INV-1=FAIL")},
              {"test": ENOSPC, "status": "passed", "duration": 2.5, "reason": "", "invariants": passed},
              {"test": CLOSED, "status": "inconclusive", "duration": 1.0, "reason": "INCONCLUSIVE: window never opened",
-              "invariants": passed, "windows": "failure-while-ready=closed"}]
+              "invariants": passed, "windows": "failure-while-ready=closed",
+              "window_notes": {"failure-while-ready": "no start failed while a neighbour was ready (recorded)"}}]
     results: dict[str, list] = {i: list(chaos) for i in INVS}
     long_reason = "files lost: " + "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15/" * 40
     results["REF-1"] = [{"test": "conformance/test_worker_start.py::test_cold_bring_up[1]", "status": "passed",
@@ -162,6 +163,7 @@ def test_report_in_a_browser(tmp_path):
         assert all(p.is_file() for p in links.values()), links
         assert page.all("a", href="#" + rid), f"nothing links to the run of {t['test']}"
     assert "never opened" in text and "failure-while-ready" in text
+    assert "no start failed while a neighbour was ready (recorded)" in text   # the test's own record, not re-judged
     chain = report.artefact_name(COLD_RACE)
     assert page.all("a", href="#" + chain) and page.all("h3", id=chain) and "causal chain:" in text
     nav = [a["href"] for t, a, around in page.found if t == "a" and not around and "href" in a]

@@ -88,8 +88,9 @@ class Outcomes:
         if "invariants" in props:   # a chaos run: each invariant's status, and why where not PASS
             entry["invariants"] = props["invariants"]
             entry["invariant_reasons"] = props.get("invariant_reasons", {})
-        if "windows" in props:      # and each fault window its scenario declares: opened or closed
+        if "windows" in props:      # and each fault window its scenario declares: opened or closed,
             entry["windows"] = props["windows"]
+            entry["window_notes"] = props.get("window_notes", {})   # where, or why not
         if "cells" in props:        # the fault-table cells it exercised (chaos/checkers/cells.py)
             entry["cells"] = props["cells"]
         if "unreachable" in props:  # a fault-table case the implementation never reached
