@@ -71,6 +71,10 @@ REAL_CONTENT_MIN = 1024       # a mounted regular file shows more than this by p
 IPC_DIRS = ("tmp/nvidia-mps",)
 DIR_MARKER = ".nvidia-placeholder-marker"
 
+# The driver capabilities (NVIDIA_DRIVER_CAPABILITIES, the CLI's `configure --compute ...` flags; "all"
+# is every one but compat32): what the fake CLI acts on and what an implementation accepts.
+CAPABILITIES = ("compute", "compat32", "display", "graphics", "utility", "video", "ngx")
+
 # GPU workers of a multi-worker test or scenario that does not pin its count (--workers).
 DEFAULT_WORKERS = 8
 

@@ -27,7 +27,17 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpujail.spec import DIR_MARKER, FLAG, IMPL_EXIT, LDCONFIG_LOCK, LOCK, PLACEHOLDER_MAX, PLACEHOLDER_NAME, REAL_CONTENT_MIN
+from gpujail.spec import (
+    CAPABILITIES,
+    DIR_MARKER,
+    FLAG,
+    IMPL_EXIT,
+    LDCONFIG_LOCK,
+    LOCK,
+    PLACEHOLDER_MAX,
+    PLACEHOLDER_NAME,
+    REAL_CONTENT_MIN,
+)
 from gpujail.world import failpoints, history
 from gpujail.world.sysops import MS_NODEV, MS_NOSUID, MS_RDONLY, LockTimeout
 
@@ -35,7 +45,6 @@ MARKER = b"nvidia-placeholder-marker\n"   # 26 bytes: non-empty, far below any r
 LIB64, LIB32 = "usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu"
 LIBRARY_DIRS = (LIB64, LIB32, "usr/lib64", "usr/lib")
 NVML = "libnvidia-ml.so"
-CAPABILITIES = ("compute", "compat32", "display", "graphics", "utility", "video", "ngx")
 
 assert len(MARKER) < PLACEHOLDER_MAX
 
