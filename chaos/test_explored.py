@@ -20,6 +20,7 @@ from gpujail.chaos import explore
 from gpujail.reference_impl import in_process
 from hypothesis import given, seed
 
+from gpujail.options import option
 from gpujail.world import history
 from gpujail.world.failpoints import REGISTRY
 
@@ -38,8 +39,9 @@ def model_impl(impl):
 
 @pytest.fixture
 def test_seed(request) -> int:
-    """--seed (or GPUJAIL_TEST_SEED), as for the kernel backend's random schedules."""
-    return int(request.config.getoption("seed", None) or os.environ.get("GPUJAIL_TEST_SEED") or 0)
+    """--seed (flag, GPUJAIL_TEST_SEED or ini, validated once: gpujail/options.py), as for the kernel
+    backend's random schedules."""
+    return int(option(request.config, "seed"))
 
 
 @pytest.mark.req("INV-1", "INV-3", "INV-5", "REF-5", "REF-6", "REF-7")
