@@ -51,11 +51,7 @@ class Recorder:
         self.held: list[socket.socket] = []
         self.closed = threading.Event()   # a held connection reached EOF: its process left
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        fd = os.open(directory, os.O_PATH)   # through the directory: a deep tmp_path (run-tests' unprivileged
-        try:                                 # scratch) is longer than a unix socket address may be
-            self.sock.bind(f"/proc/self/fd/{fd}/sched.sock")
-        finally:
-            os.close(fd)
+        schedule.bind(self.sock, self.address)   # a deep tmp_path (run-tests' unprivileged scratch) included
         self.sock.listen(64)
         self.sock.settimeout(0.1)
         self._stop = threading.Event()

@@ -217,6 +217,19 @@ def announce(address: str, name: str, hit: int, path: str = "") -> socket.socket
 
 # -- the harness side ---------------------------------------------------------------------------
 
+def bind(sock: socket.socket, address: str) -> None:
+    """Bind a unix socket at `address`, through its directory when the path is longer than a socket
+    address may be (a deep run directory or tmp_path; `announce` connects the same way)."""
+    if len(address.encode()) <= 100:
+        sock.bind(address)
+        return
+    fd = os.open(os.path.dirname(address), os.O_PATH)
+    try:
+        sock.bind(f"/proc/self/fd/{fd}/{os.path.basename(address)}")
+    finally:
+        os.close(fd)
+
+
 class _Request:
     __slots__ = ("conn", "buf", "node", "name", "hit", "path", "pid")
 
@@ -263,14 +276,7 @@ class Scheduler:
     def _bind(self) -> None:
         if os.path.lexists(self.address):
             os.unlink(self.address)
-        if len(self.address.encode()) <= 100:
-            self._sock.bind(self.address)
-            return
-        fd = os.open(os.path.dirname(self.address), os.O_PATH)
-        try:
-            self._sock.bind(f"/proc/self/fd/{fd}/{SOCKET}")
-        finally:
-            os.close(fd)
+        bind(self._sock, self.address)
 
     def start(self) -> Scheduler:
         if self.log:
