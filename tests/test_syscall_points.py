@@ -51,7 +51,7 @@ class Recorder:
         self.held: list[socket.socket] = []
         self.closed = threading.Event()   # a held connection reached EOF: its process left
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        schedule.bind(self.sock, self.address)   # a deep tmp_path (run-tests' unprivileged scratch) included
+        schedule.at_path(self.sock.bind, self.address)   # a deep tmp_path (run-tests' unprivileged scratch) included
         self.sock.listen(64)
         self.sock.settimeout(0.1)
         self._stop = threading.Event()

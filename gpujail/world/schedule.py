@@ -191,22 +191,26 @@ def arrive(address: str, name: str, hit: int, path: str = "") -> None:
         s.close()
 
 
+def at_path(call, address: str) -> None:
+    """`call(address)` for a unix socket's bind or connect, through the address's directory when the
+    path is longer than a socket address may be (a deep run directory or tmp_path)."""
+    if len(address.encode()) <= 100:
+        call(address)
+        return
+    fd = os.open(os.path.dirname(address), os.O_PATH)
+    try:
+        call(f"/proc/self/fd/{fd}/{os.path.basename(address)}")
+    finally:
+        os.close(fd)
+
+
 def announce(address: str, name: str, hit: int, path: str = "") -> socket.socket | None:
     """The first half of `arrive`: connect and say where we are. Returns the connection to wait on
     (one byte or EOF means go; closing it leaves the schedule), or None when there is no scheduler.
     fixtures/bin/gpujail-syscall-points waits on it itself, watching its held system call meanwhile."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        try:
-            s.connect(address)
-        except OSError as e:
-            if not (e.errno == 36 or len(address.encode()) > 100):   # ENAMETOOLONG: through the directory's fd
-                raise
-            fd = os.open(os.path.dirname(address), os.O_PATH)
-            try:
-                s.connect(f"/proc/self/fd/{fd}/{os.path.basename(address)}")
-            finally:
-                os.close(fd)
+        at_path(s.connect, address)
         s.sendall(json.dumps({"node": os.environ.get("GPUJAIL_NODE", ""), "name": name, "hit": hit,
                               "path": path}).encode() + b"\n")
         return s
@@ -216,19 +220,6 @@ def announce(address: str, name: str, hit: int, path: str = "") -> socket.socket
 
 
 # -- the harness side ---------------------------------------------------------------------------
-
-def bind(sock: socket.socket, address: str) -> None:
-    """Bind a unix socket at `address`, through its directory when the path is longer than a socket
-    address may be (a deep run directory or tmp_path; `announce` connects the same way)."""
-    if len(address.encode()) <= 100:
-        sock.bind(address)
-        return
-    fd = os.open(os.path.dirname(address), os.O_PATH)
-    try:
-        sock.bind(f"/proc/self/fd/{fd}/{os.path.basename(address)}")
-    finally:
-        os.close(fd)
-
 
 class _Request:
     __slots__ = ("conn", "buf", "node", "name", "hit", "path", "pid")
@@ -276,7 +267,7 @@ class Scheduler:
     def _bind(self) -> None:
         if os.path.lexists(self.address):
             os.unlink(self.address)
-        bind(self._sock, self.address)
+        at_path(self._sock.bind, self.address)
 
     def start(self) -> Scheduler:
         if self.log:
