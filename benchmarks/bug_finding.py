@@ -172,7 +172,7 @@ def windows(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 # -- the controlled scheduler (issue 29) ------------------------------------------------------------
 
 SCHEDULES = ("free", "random-walk", "pct", "random-walk:syscalls", "pct:syscalls")
-UNSCRIPTED = scenario.load("cold-race-one-fault")   # issue 29's setup: an empty jail, one random CLI fault
+UNSCRIPTED = "cold-race-one-fault"   # issue 29's setup: an empty jail, one random CLI fault
 
 
 def _order(r) -> list[tuple]:
@@ -188,7 +188,7 @@ def schedules(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     wall time of a reference run against `free`'s (the scheduler's cost), and whether 10 replays of
     legacy's first failing pct seed make the same decisions in the same order."""
     runs = 3 if quick else 20
-    sc = UNSCRIPTED.with_workers(2)
+    sc = scenario.load(UNSCRIPTED).with_workers(2)
     rows, raw, free_s = [], {}, None
     for plan in SCHEDULES:
         times, failing, found = [], [], []
@@ -229,7 +229,7 @@ def runs_to_detection(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     scripted scenario made for it: the table says which are races a scheduler finds unscripted."""
     from gpujail.reference_impl import mutants, template_mutants
     limit = 3 if quick else 20
-    sc = UNSCRIPTED.with_workers(2)
+    sc = scenario.load(UNSCRIPTED).with_workers(2)
     tmp.mkdir(parents=True, exist_ok=True)
     scripts = template_mutants.write(list(template_mutants.MUTANTS), tmp)
     subjects = [(f"mutant:{n}", f"mutant:{n}", ("free", "pct", "random-walk")) for n in mutants.MUTANTS] + [
