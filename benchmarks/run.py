@@ -15,7 +15,8 @@ and start_costs.py (cli-startup, start-parts). It returns table rows (measure.py
 measured (median of repeated runs), and the comparison measured *in the same run* with the ratio,
 since absolute times drift on shared machines. `--quick` repeats less (a smoke run, also in the
 self-tests). This module is the command: it runs the figures asked for, prints the table and
-writes the JSON.
+writes the JSON. A figure that raises is a FAILED row (the traceback in the JSON) and exit 5: the
+other figures of an hour's run are still written.
 
   seed-bug     legacy reproducing the seed bug, deterministic and randomised, 2 and 8 workers;
                reference on the same seeds
@@ -57,6 +58,7 @@ import platform
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from gpujail.benchmarks.bug_finding import cdi, cluster_faults, real_reports, runs_to_detection, schedules, seed_bug, windows
@@ -99,17 +101,27 @@ def run(args) -> int:
     out = {"machine": machine, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "quick": args.quick,
            "figures": {}}
     rows: list[Row] = []
+    failed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpujail-bench-") as d:
         for name in args.only or FIGURES:
             t = time.monotonic()
             print(f"... {name}", file=sys.stderr, flush=True)
-            new, raw = FIGURES[name](Path(d) / name, args.quick)
+            try:
+                new, raw = FIGURES[name](Path(d) / name, args.quick)
+            except Exception as e:   # noqa: BLE001 (one broken figure costs itself, not the hour of the others)
+                failed.append(name)
+                new, raw = [Row(name, "FAILED", f"{type(e).__name__}: {e}"[:200])], {"error": traceback.format_exc()}
+                print(f"... {name} FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             rows += new
             out["figures"][name] = {"rows": [dataclasses.asdict(r) for r in new], "raw": raw,
                                     "seconds": round(time.monotonic() - t, 1)}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     print(f"{out['date']} on {machine}{' (--quick)' if args.quick else ''}\n\n{table(rows)}\n\nJSON: {args.json}")
+    if failed:
+        print(f"benchmarks: {len(failed)} figure(s) failed: {', '.join(failed)} (the traceback of each is in the JSON)",
+              file=sys.stderr)
+        return EXIT["error"]
     return EXIT["passed"]
 
 

@@ -40,3 +40,24 @@ def test_self_tests_figure_only_from_a_checkout():
     """The suites run from wherever gpujail is; the self-tests (tests/) exist only in a checkout."""
     assert (SUITES_HOME / "chaos" / "test_scenarios.py").is_file()
     assert CHECKOUT is None or (CHECKOUT / "tests" / "test_benchmarks.py").is_file()
+
+
+def test_a_failing_figure_costs_only_itself(tmp_path, monkeypatch):
+    """A figure that raises (a stale reference an hour into a full run) is a FAILED row and exit 5;
+    the figures after it are still measured and written."""
+    import argparse
+    import json
+
+    from gpujail.benchmarks import run
+
+    def broken(d, quick):
+        raise AttributeError("module 'jailfs' has no attribute 'fleet_class'")
+
+    fine = lambda d, quick: ([Row("fine", "1/1")], {"n": 1})   # noqa: E731
+    monkeypatch.setattr(run, "FIGURES", {"broken": broken, "fine": fine})
+    out = tmp_path / "bench.json"
+    code = run.run(argparse.Namespace(only=None, quick=True, json=str(out)))
+    figures = json.loads(out.read_text())["figures"]
+    assert code == 5
+    assert figures["fine"]["rows"][0]["value"] == "1/1"
+    assert figures["broken"]["rows"][0]["value"] == "FAILED" and "fleet_class" in figures["broken"]["raw"]["error"]
