@@ -6,7 +6,13 @@ must name the path and the kind of change, while the host stays as it was.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
+
+from gpujail.backends import kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
 
@@ -53,3 +59,17 @@ def test_writes_in_the_jail_and_the_run_directory_are_not_outside(fleet, jail):
     first = node.run(["sh", "-c", f"touch {jail.parent}/one"]).outside
     assert first == [{"change": "created", "path": f"{jail.parent}/one"}]
     assert node.run(["true"]).outside == []
+
+
+def test_a_mount_gone_between_listing_and_cover_is_left_out(tmp_path):
+    """A mount listed in mountinfo may be gone a moment later (dockerd removing a container's root
+    beside a run): the node's cover leaves it out instead of failing the node's setup (ENOENT)."""
+    if kernel.precondition():
+        pytest.skip(kernel.precondition())
+    child = ("import sys; from gpujail.backends import cow; covered = cow._covered; "
+             "cow._covered = lambda *a: covered(*a) + [sys.argv[1]]; "   # listed, checked, then gone
+             "view = cow.cover([]); print(len(view.layers))")
+    userns = [] if os.getuid() == 0 else ["--user", "--map-root-user"]
+    r = subprocess.run(["unshare", *userns, "--mount", "--propagation", "private", sys.executable, "-c", child,
+                        str(tmp_path / "gone")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and int(r.stdout) > 0, r.stderr[-2000:]

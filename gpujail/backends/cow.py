@@ -47,6 +47,18 @@ def _mountpoints() -> list[str]:
     return sorted(points, key=lambda p: (p.count("/"), p))
 
 
+def _open(paths, flags: int) -> list[tuple[str, int]]:
+    """(path, descriptor) for each path that is still there: a mount listed a moment ago may be gone
+    (a container's root that dockerd removed meanwhile); what is gone needs no cover."""
+    out = []
+    for p in paths:
+        try:
+            out.append((p, os.open(p, flags)))
+        except FileNotFoundError:
+            continue
+    return out
+
+
 def _covered(userns: bool, mountpoints: list[str]) -> list[str]:
     """What gets an overlay: the root file system's top directories, every mount below them and,
     in a user namespace, the user's own home and temporary directories. (There a copy-up must give
@@ -126,9 +138,10 @@ def cover(shared: list[str], lowers: dict[str, str] | None = None) -> HostView:
     # Opened before any overlay: once /mnt is overlaid, what is mounted below it is only reachable
     # through these descriptors. A file mounted over a file (a bind-mounted /etc/resolv.conf, a
     # driver file an engine put at its host path) cannot carry an overlay: it is bound back as is.
-    sources = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in points}
-    files = [(p, os.open(p, os.O_PATH)) for p in mountpoints
-             if not os.path.isdir(p) and os.path.exists(p) and not p.startswith(tuple(s + "/" for s in SKIP))]
+    sources = dict(_open(points, os.O_PATH | os.O_DIRECTORY))
+    points = [p for p in points if p in sources]
+    files = _open([p for p in mountpoints if not os.path.isdir(p) and os.path.exists(p)
+                   and not p.startswith(tuple(s + "/" for s in SKIP))], os.O_PATH)
     os.makedirs(STAGE, exist_ok=True)
     sysops.mount("tmpfs", STAGE, "tmpfs", 0, "mode=0700")
     layers = []
