@@ -46,7 +46,7 @@ from gpujail.fixtures import syscall_faults
 from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
 
-from gpujail.backends import kernel
+from gpujail.backends import kernel, shared_host
 from gpujail.backends.probes import cdi_mode, compat_files, gpu_files, lookup_files, soname_files, unanswered
 from gpujail.contract import RestartPolicy, Worker, start_worker
 from gpujail.world import history
@@ -190,6 +190,11 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         timeout = min(timeout, scenario.start_timeout) if timeout else scenario.start_timeout
     workers: dict[str, Worker] = {}
     nodes: dict[str, kernel.Node] = {}
+    if scenario.shared_propagation:   # every node a peer of the host's shared mount (shared_host.py)
+        why = shared_host.unavailable(fleet_class)
+        if why:
+            raise RuntimeError(f"scenario {scenario.name} needs a shared host mount, but {why}")
+        fleet_class = shared_host.on_shared_host(fleet_class)
     with fleet_class.recording(jail, run_dir, seed) as fleet:
         if scenario.reused_jail:
             nemesis.dress_as_reused(jail)
@@ -274,6 +279,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                     on_node=lambda n: nodes.__setitem__(wid, n), timeout=timeout, syscall_points=plan.syscalls,
                     node_options={**({"jail_readonly": True} if scenario.read_only else {}),
                                   **({"mps": True} if scenario.mps else {}),
+                                  **({"jail_mount_point": False} if not scenario.jail_mount_point else {}),
                                   "layout": scenario.layout})
             except Exception as e:   # raised once below, in the caller's thread (on an interrupt: never)
                 errors[wid] = e
@@ -381,6 +387,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
         log("chaos.end")
         after = jail_image.snapshot(jail)
     mounts, procs = host_residue(str(jail), str(run_dir / "barriers"))
+    mounts += [f"{p} (through the shared mount)" for p in getattr(fleet, "host_mounts", [])]
     procs += [f"container {name}" for name in fleet.leftovers()]
     outside_changes = sorted(str(p) for p in outside.rglob("*"))
     final_state = {"jail": str(jail), "transient_only": scenario.transient_only, "max_restarts": scenario.max_restarts,

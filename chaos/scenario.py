@@ -58,6 +58,11 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     host_upgrades = [{ worker = "w1", barrier = "upgrade", version = "570.86.15" }]   # w1's host driver
                                # upgraded (old files removed, new ones installed) when w1 arrives at the
                                # barrier, e.g. paused between `list` and `configure`; its restarts run on it
+    shared_propagation = false # true: the jail's usr is a shared mount of the host's (systemd's `/`, a
+                               # Kubernetes Bidirectional volume): every node's copy of it a peer
+                               # (gpujail/backends/shared_host.py; root, kernel backend, local jail)
+    jail_mount_point = true    # false: in every node the jail is a plain directory of the run directory's mount,
+                               # not a mount point of its own (a jail below a shared file system's mount point)
 
 `mode = "random"` replaces the fixed schedule by seeded random faults: each GPU worker's first
 start gets `P%sleep(ms)` terms on the CLI's steps and, with probability `fail_rate`, a
@@ -87,7 +92,7 @@ KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "ver
         "hostile_links",
         "windows", "probe_sonames", "probe_lookups", "upgraded_jail", "cuda_image", "ldconfig", "jail_fs", "net_faults",
         "start_after", "impls", "worker_capabilities", "lock_faults", "start_timeout", "populate_at", "swapped_links",
-        "host_upgrades"}
+        "host_upgrades", "shared_propagation", "jail_mount_point"}
 
 
 class ScenarioError(ValueError):
@@ -185,6 +190,8 @@ class Scenario:
     populate_at: str = ""        # the populate-jail cleanup run on the live jail when this barrier opens
     swapped_links: list[SwappedLink] = field(default_factory=list)   # symlinks swapped in at a barrier
     host_upgrades: list[HostUpgrade] = field(default_factory=list)   # a host's driver upgraded under its start
+    shared_propagation: bool = False   # the nodes' JAIL/usr mounts are peers of a shared host mount
+    jail_mount_point: bool = True      # False: the jail is no mount point in the nodes, a directory of one
     barrier_opens: dict[str, str] = field(default_factory=dict)   # barrier -> when it opens besides arrivals
 
     @property

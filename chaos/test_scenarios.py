@@ -17,6 +17,7 @@ from gpujail.chaos import runner, scenario
 from gpujail.chaos.checkers.results import Inconclusive
 from gpujail.fixtures import syscall_faults
 
+from gpujail.backends import shared_host
 from gpujail.options import option
 
 RANDOM_SEEDS = 3
@@ -43,6 +44,8 @@ def test_scenario(name, mode, seed_offset, impl, fleet_class, artefacts_dir, req
     sc = scenario.load(name).with_workers(workers)
     if sc.syscall_schedule() and syscall_faults.unavailable():   # run-tests installs strace as root
         pytest.skip(f"scenario {name} injects syscall faults, but {syscall_faults.unavailable()}")
+    if sc.shared_propagation and shared_host.unavailable(fleet_class):   # root, kernel backend, a local jail
+        pytest.skip(f"scenario {name} needs a shared host mount, but {shared_host.unavailable(fleet_class)}")
     result = runner.run(sc.randomised() if mode == "random" else sc, impl, tmp_path / "run", seed=seed,
                         fleet_class=fleet_class)
     verdict(result, request, artefacts_dir)

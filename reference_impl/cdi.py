@@ -25,7 +25,6 @@ is stale and under its lock (REF-8) instead of `update-ldcache` on every start, 
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import stat
@@ -34,7 +33,7 @@ import subprocess
 from gpujail.reference_impl import core, direct, reference
 
 from gpujail.world import failpoints, history
-from gpujail.world.sysops import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC
+from gpujail.world.sysops import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, MS_REC
 
 CTK = "nvidia-ctk"
 # OCI mount options that runc turns into remount flags (rbind/bind make the bind itself; rprivate is
@@ -87,21 +86,10 @@ def bind_root(ctx: core.Ctx) -> None:
     """runc's prepareRoot: the mount holding the root made private (so nothing propagates, and
     pivot_root's check passes), then the root bound on itself, recursively: update-ldcache pivots
     into it, and pivot_root needs a mount point whose parent is not shared."""
-    holder = ctx.jail
-    # runc's rootfsParentMountPrivate (since runc 1.1; before, it read mountinfo): MS_PRIVATE on the
-    # root, then on each parent, until one is a mount point (EINVAL: "not a mount point"). Reading
-    # mountinfo is not enough: a mount listed at the jail's path may be hidden under a later mount
-    # of a parent directory (the chaos runner's nodes bind the jail back, then the run directory
-    # holding it over it), and MS_PRIVATE on a path that is no mount point fails with EINVAL.
-    while True:
-        try:
-            ctx.sys.mount(None, holder, None, MS_PRIVATE)
-            break
-        except OSError as e:
-            if e.errno != errno.EINVAL or holder == "/":
-                raise core.Fatal("cli-failed", f"cannot make the mount holding {ctx.jail} private "
-                                               f"(at {holder}): {e.strerror}") from None
-            holder = os.path.dirname(holder)
+    try:
+        ctx.sys.make_private(ctx.jail, below=False)   # runc's rootfsParentMountPrivate
+    except OSError as e:
+        raise core.Fatal("cli-failed", f"cannot make the mount holding {ctx.jail} private: {e.strerror}") from None
     ctx.sys.mount(ctx.jail, ctx.jail, None, MS_BIND | MS_REC)
 
 
@@ -199,6 +187,7 @@ class FIXED:
         ctx, sonames = core.with_sonames(ctx, pairs)
         sonames += linker_sonames(ctx, pairs)   # REF-12 in the jail's library directory too
         core.ensure_placeholders(ctx, pairs + sonames)   # REF-3..5, each soname a placeholder (REF-12)
+        core.isolate(ctx)
         before = core.jail_mounts(ctx)
         kept = [(h, t) for h, t in sonames if core.kept_soname_link(ctx, t)]
         wanted = pairs + [p for p in sonames if p not in kept]

@@ -425,6 +425,23 @@ def with_sonames(ctx: Ctx, pairs: list[tuple[str, str]]) -> tuple[Ctx, list[tupl
     return ctx, sonames
 
 
+# -- before the first mount: this namespace's mounts stay its own -----------------------------
+
+def isolate(ctx: Ctx) -> None:
+    """Make the jail's mount, and every mount under it, private in this namespace before mounting
+    anything. On a host whose jail mount is shared (systemd makes `/` shared; a Kubernetes
+    Bidirectional volume is rshared) a worker's namespace is a peer of the host's and of every
+    other worker's: each bind mount of this start would land in all of them (a node on another
+    driver version then sees ours on top of its own), each cleanup unmount would detach their copies,
+    and the mounts would stay in the host's namespace after the worker is gone. Not a write to the
+    jail: a warm start does it too (REF-4)."""
+    try:
+        ctx.sys.make_private(ctx.jail)
+    except OSError as e:
+        raise Fatal("unsafe-jail", f"cannot make the mounts of the jail {ctx.jail} private in this namespace "
+                                   f"(they would reach other nodes): {e.strerror}") from None
+
+
 # -- REF-6: the CLI ---------------------------------------------------------------------------
 
 def run_configure(ctx: Ctx) -> None:

@@ -16,6 +16,7 @@ def gpu_worker(ctx: core.Ctx) -> None:
     pairs = core.plan(ctx, core.file_set(ctx))
     ctx, sonames = core.with_sonames(ctx, pairs)
     core.ensure_placeholders(ctx, pairs + sonames)   # REF-12: each soname a placeholder too
+    core.isolate(ctx)
     before = core.jail_mounts(ctx)
     kept = [(h, t) for h, t in sonames if core.kept_soname_link(ctx, t)]   # REF-12: links to our own library
     wanted = core.for_capabilities(ctx, pairs + [p for p in sonames if p not in kept])

@@ -36,6 +36,30 @@ die() { # die CODE MESSAGE: one line on stderr, exit codes as reference_impl/cor
     exit "$1"
 }
 
+# mountinfo octal-escapes spaces in mount points (\040): compare against the escaped jail path.
+JAIL_ESCAPED=$(printf '%s/' "$JAIL" | sed 's/ /\\040/g')
+# (Passed through the environment: awk -v would turn \040 back into a space.)
+mounts_under_jail() { J=$JAIL_ESCAPED awk 'index($5, ENVIRON["J"]) == 1 { print $1 " " $5 }' /proc/self/mountinfo; }
+
+# Before the first mount: the jail's mounts private in this namespace. On a host whose jail mount is
+# shared (systemd makes / shared; a Kubernetes Bidirectional volume is rshared) this namespace is a
+# peer of the host's and of every other node's: each bind mount of this start would land in all of
+# them, each cleanup unmount detach their copies, and the mounts outlive this node in the host's.
+# The jail is usually a mount point: one recursive call covers everything under it. Else the mount
+# holding it, alone (the mounts beside the jail keep their propagation), then each mount under it.
+make_private() {
+    mount --make-rprivate -- "$JAIL" 2>/dev/null && return 0
+    holder=$(findmnt -n -f -o TARGET -T "$JAIL") || die 7 "cannot find the mount holding the jail $JAIL"
+    mount --make-private -- "$holder" || die 7 "cannot make the mount holding the jail $JAIL ($holder) private"
+    old_ifs=$IFS; IFS=$NL
+    for point in $(mounts_under_jail); do
+        point=$(printf '%b' "${point#* }")    # mountinfo's \040 back to a space
+        mount --make-rprivate -- "$point" 2>/dev/null || ! mountpoint -q -- "$point" ||   # hidden under a later mount: unreachable
+            die 7 "cannot make the mount $point under the jail private in this namespace"
+    done
+    IFS=$old_ifs
+}
+
 case $TIMEOUT in   # flock -w takes a finite number of seconds; anything else is bad input, said once
     ''|.|*[!0-9.]*|*.*.*) die 2 "GPUJAIL_LOCK_TIMEOUT: not a finite number of seconds: '$TIMEOUT'" ;;
 esac
@@ -107,7 +131,7 @@ target() {
     esac
 }
 
-case "${GPUJAIL_ROLE:-gpu-worker}" in cpu-worker|login) dummy_mounts ;; esac
+case "${GPUJAIL_ROLE:-gpu-worker}" in cpu-worker|login) make_private; dummy_mounts ;; esac
 
 # REF-1: the file set.
 if ! list=$("$CLI" list 2>/dev/null); then    # on failure, run it again for its error line
@@ -264,10 +288,7 @@ fi
 cd -P -- "$JAIL"
 
 # REF-6: the CLI, once, with the caller's capabilities and ldconfig deferred.
-# mountinfo octal-escapes spaces in mount points (\040): compare against the escaped jail path.
-JAIL_ESCAPED=$(printf '%s/' "$JAIL" | sed 's/ /\\040/g')
-# (Passed through the environment: awk -v would turn \040 back into a space.)
-mounts_under_jail() { J=$JAIL_ESCAPED awk 'index($5, ENVIRON["J"]) == 1 { print $1 " " $5 }' /proc/self/mountinfo; }
+make_private
 before=$(mounts_under_jail)
 caps=$(printf '%s\n' "${NVIDIA_DRIVER_CAPABILITIES:-compute,utility}" | tr ',' '\n' | while read -r c; do
     case "$c" in

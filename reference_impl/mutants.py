@@ -409,6 +409,13 @@ def _legacy(core):
     return legacy   # legacy's steps instead of reference's
 
 
+def _propagation_kept(core):
+    """The host's mount propagation kept: the jail's mounts never made private before mounting, as
+    every procedure written for a host whose mounts are private is. On a shared host mount each
+    bind mount reaches every other node and the host."""
+    core.isolate = lambda ctx: None
+
+
 MUTANTS = {
     "zero-byte-placeholders": ("placeholders created empty, as the CLI does: its cleanup eats them", _zero_byte_markers),
     "big-markers": ("a chatty marker of 64 bytes or more: no longer a placeholder by REF-9's size bound", _big_markers),
@@ -461,6 +468,8 @@ MUTANTS = {
                        "the procedure before REF-12 loses its sonames", _relink_sonames),
     "jail-checked-once": ("the jail's symlinks checked once at the start, then paths joined and followed on the host: "
                           "a link swapped in after the check leads writes out of the jail", _jail_checked_once),
+    "propagation-kept": ("the jail's mounts left as the host shares them: on a shared host mount every bind mount "
+                         "reaches the other nodes and stays in the host's namespace", _propagation_kept),
     "escapes-jail": ("jail paths joined and resolved on the host: a jail symlink leads writes out", _escapes_jail),
     "legacy": ("the procedure before the fix: no markers, no lock, existence check, 'empty file' predicate", _legacy),
 }

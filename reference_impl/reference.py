@@ -3,10 +3,12 @@
 How this works
 --------------
 GPU worker: file set from `list` (REF-1) -> targets in the jail (REF-2) -> markers for the missing
-ones under the cross-node lock (REF-3..5; none and no lock when warm) -> `configure` once (REF-6)
--> verify the CLI's mounts by size (REF-7) -> this node's own library over each soname placeholder
+ones under the cross-node lock (REF-3..5; none and no lock when warm) -> the jail's mounts made
+private in this namespace (nothing of ours reaches another node through a shared host mount) ->
+`configure` once (REF-6) -> verify the CLI's mounts by size (REF-7) -> this node's own library over each soname placeholder
 (REF-12) -> NVML soname (REF-8) -> done flag (REF-10).
-CPU worker / login node: dummy library over each placeholder once the flag exists (REF-9).
+CPU worker / login node: the same privacy, then a dummy library over each placeholder once the flag
+exists (REF-9).
 The building blocks are in core.py; every jail path goes through openat2 beneath the jail (REF-11).
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ def gpu_worker(ctx: core.Ctx) -> None:
     pairs = core.plan(ctx, core.file_set(ctx))
     ctx, sonames = core.with_sonames(ctx, pairs)
     core.ensure_placeholders(ctx, pairs + sonames)
+    core.isolate(ctx)
     before = core.jail_mounts(ctx)
     core.run_configure(ctx)
     mounted = core.verify(ctx, before, core.for_capabilities(ctx, pairs))
@@ -63,6 +66,7 @@ def check_content(ctx: core.Ctx, rel: str, host_path: str) -> None:
 
 
 def cpu_worker(ctx: core.Ctx) -> None:
+    core.isolate(ctx)
     core.dummy_mounts(ctx, core.dummy_library())
 
 

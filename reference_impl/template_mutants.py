@@ -122,6 +122,17 @@ MUTANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
         ('[ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %s -- "$f")" -lt 64 ] || continue',
          '[ -f "$f" ] && [ "$(stat -c %s -- "$f")" -lt 64 ] || continue'),
     )),
+    # -- mount propagation --------------------------------------------------------------------
+    "private-not-recursive": ("`mount --make-private` on the jail instead of `--make-rprivate`: the mounts under it "
+                              "keep the host's propagation, so on a shared host mount every bind mount reaches the "
+                              "other nodes", (
+        ('    mount --make-rprivate -- "$JAIL" 2>/dev/null && return 0',
+         '    mount --make-private -- "$JAIL" 2>/dev/null && return 0'),
+    )),
+    "holder-only-private": ("a jail that is no mount point: only the mount holding it made private, not the mounts "
+                            "under the jail, which keep the host's propagation", (
+        ('    for point in $(mounts_under_jail); do\n', '    for point in; do\n'),
+    )),
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from gpujail.chaos import runner, scenario
 
-from gpujail.backends import kernel
+from gpujail.backends import kernel, shared_host
 
 pytestmark = pytest.mark.kernel
 
@@ -27,6 +27,7 @@ KILLS = [
     # ready on the CLI's word, over 0-byte files: w4's cleanup unlinks them under w1 when w1 is ready then
     # (INV-1), or while w1 is still finishing its start, which then reports ready over them (INV-5)
     ("host-upgraded-mid-start", "mutant:exit-code-only", ("INV-1", "INV-5")),
+    ("shared-propagation", "mutant:propagation-kept", "INV-1"),     # w1's mounts reach w0 through the shared host mount
 ]
 
 
@@ -34,7 +35,10 @@ KILLS = [
 def test_scenario_kills_its_mutant(name, impl, invariant, tmp_path):
     if kernel.precondition():
         pytest.skip(kernel.precondition())
-    result = runner.run(scenario.load(name), impl, tmp_path / "run")
+    sc = scenario.load(name)
+    if sc.shared_propagation and shared_host.unavailable(kernel.Fleet):
+        pytest.skip(shared_host.unavailable(kernel.Fleet))
+    result = runner.run(sc, impl, tmp_path / "run")
     assert result.verdict.valid is False, f"{name} let {impl} through:\n{result.report()}"
     assert result.verdict.invariant.startswith(invariant), result.report()
     assert result.timeline and result.timeline.exists()

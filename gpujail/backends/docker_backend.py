@@ -266,6 +266,7 @@ def _driver_mounts(version: str) -> list:
 
 class Fleet(kernel.Fleet):
     """Containers sharing one jail. Use as a context manager: every container is removed on exit."""
+    no_shared_host = "each container's mount namespace is the engine's to make: no node can be a peer of one holder's"
 
     def __init__(self, jail: str | os.PathLike, env: dict[str, str] | None = None):
         super().__init__(jail, env)

@@ -36,6 +36,7 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
 
     class OnJailFS(base):
         jail_fs = kind
+        no_shared_host = f"a jail on {kind} is each node's own client mount: no node's copy is a peer of another's"
 
         def __enter__(self):
             self._fs_cm = provide(kind, self.env_run_dir(), self.jail, cache_timeout=CHAOS_CACHE_TIMEOUT)

@@ -236,6 +236,8 @@ def _pythonpath() -> str:
 class Fleet:
     """Nodes sharing one jail. Use as a context manager: every node is killed on exit."""
 
+    no_shared_host = ""   # why this fleet's nodes cannot be peers of a shared host mount (shared_host.py)
+
     def __init__(self, jail: str | os.PathLike, env: dict[str, str] | None = None):
         self.jail = Path(jail)
         self.env = dict(env or {})

@@ -17,8 +17,10 @@ when the last one goes the mount namespace and its mounts go too (SPEC INV-6). T
   node's stdout, as a started node says it.
 
 `enter_mount_ns(path)` first moves a node into another mount namespace than the harness's: one
-holding the node's own client of a network jail (jailfs.py). Every process here asks to be
-SIGKILLed when its parent dies (`die_with_parent`), so a dead harness leaves nothing behind.
+holding the node's own client of a network jail (jailfs.py), or the stand-in of a host whose jail
+mount is shared (shared_host.py; there the node's copy keeps its propagation: `propagation = "shared"`).
+Every process here asks to be SIGKILLed when its parent dies (`die_with_parent`), so a dead harness
+leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -44,14 +46,16 @@ def unshare(flags: int) -> None:
         raise OSError(e, f"unshare: {os.strerror(e)}")
 
 
-def enter_namespaces(pid1: bool = False) -> None:
+def enter_namespaces(pid1: bool = False, shared: bool = False) -> None:
     """Private mount + PID namespace (+ user namespace when unprivileged). Forks: returns in PID 1.
     `pid1`: this process already is the PID 1 of a new PID namespace (fork_node): the mount
-    namespace only."""
+    namespace only. `shared`: the mounts keep their propagation (a node on a shared host,
+    shared_host.py, whose namespace is private from the machine's but for the shared jail mount)."""
     uid, gid = os.getuid(), os.getgid()
     if pid1:
         unshare(CLONE_NEWNS)
-        sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
+        if not shared:
+            sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
         die_with_parent()
         return
     flags = CLONE_NEWNS | CLONE_NEWPID
@@ -65,7 +69,8 @@ def enter_namespaces(pid1: bool = False) -> None:
             f.write(f"0 {uid} 1")
         with open("/proc/self/gid_map", "w") as f:
             f.write(f"0 {gid} 1")
-    sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
+    if not shared:
+        sysops.mount(None, "/", None, MS_REC | MS_PRIVATE)
     pid = os.fork()
     if pid:  # the outer process only relays the exit status of PID 1
         die_with_parent()
@@ -123,7 +128,7 @@ def enter(cfg: dict) -> None:
     try:
         if cfg.get("mount_ns"):
             enter_mount_ns(cfg["mount_ns"])
-        enter_namespaces(pid1=os.getpid() == 1)
+        enter_namespaces(pid1=os.getpid() == 1, shared=cfg.get("propagation") == "shared")
         entered = True
     except OSError as e:   # said by node.py's main, on the node's stdout
         entered = e

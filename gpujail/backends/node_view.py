@@ -15,7 +15,8 @@ changes mounts only there: the host's own `/usr`, `/dev`, `/run` are never writt
   (`_node_dev`); both are bind-mounted over `JAIL/dev` and `JAIL/run`, which is how a real jail
   sees node-local objects (SPEC REF-3), and the node's own procfs over `JAIL/proc` (`_jail_proc`).
 * Scenario options: a small tmpfs under the jail holding a copy of it (`jail_tmpfs`, for ENOSPC),
-  a read-only jail (`jail_readonly`).
+  a read-only jail (`jail_readonly`), a jail that is no mount point of its own, only a directory of
+  the run directory's (`jail_mount_point = False`).
 """
 from __future__ import annotations
 
@@ -42,6 +43,12 @@ def build_view(cfg: dict) -> None:
         # The host copy-on-write (cow.py): what a start writes outside the jail is seen, never done.
         history_file, barriers = cfg["env"].get("GPUJAIL_HISTORY"), cfg["env"].get("GPUJAIL_BARRIERS")
         shared = [jail, *([os.path.dirname(history_file)] if history_file else []), *([barriers] if barriers else [])]
+        if cfg.get("jail_mount_point") is False:
+            # The jail a plain directory of the run directory's mount, not a mount point of its own
+            # (a jail under a shared file system's mount point): reached through that bind only.
+            if not any(jail.startswith(p.rstrip("/") + "/") for p in shared[1:]):
+                raise OSError(f"jail_mount_point = false needs the jail inside the run directory, not at {jail}")
+            shared.remove(jail)
         host_view = cow.cover(shared, lowers)
         lowers = {p: lower for p, lower in lowers.items() if p not in {point for point, *_ in host_view.layers}}
     for target, lower in lowers.items():   # driver files at their host paths, read-only

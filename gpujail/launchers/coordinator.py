@@ -197,6 +197,7 @@ class AgentNode(kernel.Node):
 
 class Fleet(kernel.Fleet):
     """Nodes in agents started by `launcher` (set by `launchers.fleet_class`)."""
+    no_shared_host = "nodes made by a launcher's agents are on their own hosts: none is a peer of the harness's holder"
     launcher_name = "local"
     launcher: launchers.Launcher
     launcher_options: dict = {}

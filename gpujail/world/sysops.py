@@ -161,6 +161,38 @@ class RealSys:
         with open("/proc/self/mountinfo") as f:
             return parse_mountinfo(f.read())
 
+    def make_private(self, path: str, below: bool = True) -> None:
+        """The mount holding `path` private in this namespace and, with `below`, every mount under
+        `path` too: nothing mounted or unmounted there from now on reaches another namespace (a host
+        whose `/` is shared, as systemd makes it; a Kubernetes Bidirectional volume), nor arrives
+        from one. As runc's rootfsParentMountPrivate finds the holder: MS_PRIVATE on `path`, then on
+        each parent, until one is a mount point (EINVAL: "not a mount point"; mountinfo is not
+        enough, a mount listed at a path may be hidden under a later mount of a parent). When `path`
+        is itself a mount point (the usual jail), one recursive call covers everything under it;
+        else the holder alone (the mounts beside `path` keep their propagation), then each topmost
+        mount under `path`, recursively."""
+        holder = path
+        while True:
+            try:
+                self.mount(None, holder, None, MS_REC | MS_PRIVATE if below and holder == path else MS_PRIVATE)
+                break
+            except OSError as e:
+                if e.errno != errno.EINVAL or holder == "/":
+                    raise
+                holder = os.path.dirname(holder)
+        if holder == path or not below:
+            return
+        prefix = path.rstrip("/") + "/"
+        under = list(dict.fromkeys(m.mountpoint for m in self.mounts() if m.mountpoint.startswith(prefix)))
+        for point in under:
+            if any(point.startswith(q + "/") for q in under):
+                continue   # below another one: its MS_REC covers it
+            try:
+                self.mount(None, point, None, MS_REC | MS_PRIVATE)
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOENT):   # listed, but hidden under a later mount
+                    raise
+
     # -- locks (SPEC K-4) -----------------------------------------------------------------------
     def lock(self, fd: int, timeout: float | None) -> float:
         """flock(LOCK_EX) with a bounded wait, like `flock -w`: a blocking flock interrupted by a

@@ -230,6 +230,10 @@ class ModelSys:
     def mounts(self):
         return [Mount(m.mount_id, m.path, "/", "model", "model", "ro" if m.readonly else "rw") for m in self.ns.table()]
 
+    def make_private(self, path, below=True):
+        """Nothing to do, and no scheduling point: the model's mount namespaces share no mount
+        (no propagation is modelled), as every one made private is."""
+
     # -- locks (K-4) -------------------------------------------------------------------------------
     @_op()
     def lock(self, fd, timeout):
