@@ -51,7 +51,7 @@ from gpujail.backends.probes import cdi_mode, compat_files, gpu_files, lookup_fi
 from gpujail.contract import RestartPolicy, Worker, start_worker
 from gpujail.world import history
 from gpujail.world import schedule as schedule_plan
-from gpujail.world.failpoints import Barrier
+from gpujail.world.failpoints import Barrier, failing_hits
 
 
 @dataclass
@@ -303,7 +303,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                     t.join()
                 raise RuntimeError(f"the ldconfig nemesis never took the jail's ldconfig lock: {sorted(errors.items())}")
         threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
-        scheduler = None if plan.free else _scheduler(plan, scenario, run_dir, seed, jail, threads, nodes, log)
+        scheduler = None if plan.free else _scheduler(plan, scenario, run_dir, seed, jail, threads, nodes, log,
+                                                      {w: failing_hits(spec) for w, spec in schedule.items()})
         if scheduler is not None:
             contract[schedule_plan.ENV] = scheduler.address
         for t in threads.values():
@@ -416,8 +417,10 @@ def steps_estimate(scenario: Scenario) -> int:
     return sum(per_gpu[v] if v else 12 for _, _, v in scenario.workers)
 
 
-def _scheduler(plan, scenario: Scenario, run_dir: Path, seed: int, jail: Path, threads: dict, nodes: dict, log):
-    """The run's scheduler (gpujail/world/schedule.py) over the scenario's workers, started."""
+def _scheduler(plan, scenario: Scenario, run_dir: Path, seed: int, jail: Path, threads: dict, nodes: dict, log,
+               faults: dict[str, dict[str, int]]):
+    """The run's scheduler (gpujail/world/schedule.py) over the scenario's workers, started; `faults`:
+    where each worker's armed faults act (failpoints.failing_hits of its first start's spec)."""
     def node_of(w: str) -> int | None:
         """None: not live (finished, or waiting to be started at a barrier); 0: being (re)started;
         else its node's PID 1."""
@@ -434,4 +437,4 @@ def _scheduler(plan, scenario: Scenario, run_dir: Path, seed: int, jail: Path, t
         return node.pid1 if node.alive and node.pid1 else 0
 
     return schedule_plan.Scheduler(run_dir, plan, seed, [w for w, _, _ in scenario.workers], steps_estimate(scenario),
-                                   node_of, log=log, relative_to=str(jail)).start()
+                                   node_of, log=log, relative_to=str(jail), faults=faults).start()

@@ -110,6 +110,21 @@ def test_pct_priorities_and_change_points():
     assert pct.choose([top], first + 2) == top   # alone at a point, it still runs
     fixed = PCT(parse("pct:changes=5+9"), 0, workers, 100)
     assert fixed.changes == [5, 9] and fixed.depth == 3
+    second = max((w for w in workers if w != top), key=pct.priority.get)   # the highest now
+    pct.failed(second, 60)   # its armed fault acted at step 60: a change point of its own
+    assert pct.priority[second] < min(p for w, p in pct.priority.items() if w != second)
+    assert pct.fault_changes == [60]
+
+
+def test_where_a_fault_acts_is_known_from_the_counts():
+    """The runner tells the scheduler at which hit each armed fault fails (failpoints.failing_hits):
+    counts decide it; a P% term before the failure, or no failure at all, leaves the chain out."""
+    from gpujail.world.failpoints import failing_hits
+    assert failing_hits("cli.before_mount=23*off->return(EIO);cli.before_mkdir=30%sleep(3)") == {"cli.before_mount": 24}
+    assert failing_hits("cli.after_mount=3*off->1*pause(late)->return(EIO)") == {"cli.after_mount": 5}
+    assert failing_hits("cli.before_list=kill;ref.before_marker=kill(write)") == {"cli.before_list": 1,
+                                                                                   "ref.before_marker": 1}
+    assert failing_hits("cli.before_mount=50%return(EIO);cli.before_create=off;cli.after_list=2*sleep(1)") == {}
 
 
 # -- the transport, on real processes -----------------------------------------------------------
@@ -222,6 +237,22 @@ def test_pct_replays_and_free_records_no_schedule(tmp_path, kernel_ok):
     free = runner.run(sc, "legacy", tmp_path / "free", seed=5)
     assert _steps(free.run_dir) == "" and not (free.run_dir / "schedule.json").exists()
     assert not any(e["kind"] == "sched.begin" for e in history.load(str(free.history_path)))
+
+
+@pytest.mark.kernel
+def test_pct_catches_the_failing_worker_of_highest_priority(tmp_path, kernel_ok):
+    """cold-race-one-fault, seed 3: the worker whose CLI fails has the higher priority, so it would fail
+    and clean up alone before the other mounts anything unless a change point fell in the few steps
+    between its fault and its cleanup (before fault-directed change points, pct missed 8 of 20 seeds
+    so, this one among them). At its fault it drops below the other, which mounts over its 0-byte
+    placeholders; then its cleanup unlinks them."""
+    sc = scenario.load("cold-race-one-fault").with_workers(2)
+    failing, = [w for w, spec in sc.schedule(3).items() if "return(EIO)" in spec]
+    other = ({"w0", "w1"} - {failing}).pop()
+    result = runner.run(sc, "legacy", tmp_path / "run", seed=3, scheduled="pct")
+    assert result.verdict.valid is False, result.report()
+    recorded = json.loads((result.run_dir / "schedule.json").read_text())
+    assert recorded["priorities"][failing] > recorded["priorities"][other] and len(recorded["fault_changes"]) == 1
 
 
 @pytest.mark.kernel

@@ -169,6 +169,31 @@ def parse(spec: str) -> dict[str, Failpoint]:
     return points
 
 
+FAILING = ("return", "kill", "panic")   # the actions that end a step in failure
+
+
+def failing_hits(spec: str) -> dict[str, int]:
+    """{failpoint: the hit at which its chain first fails} for the chains of `spec` whose failure the
+    counts alone decide (`23*off->return(EIO)`: hit 24): what the controlled scheduler knows of a
+    start's faults before they act (gpujail/world/schedule.py). A chain with a P% term before its
+    failure, or none, is left out. `spec` is one the runner built, already valid."""
+    out = {}
+    for entry in filter(str.strip, spec.split(";")):
+        name, _, chain = entry.partition("=")
+        hit = 0
+        for text in chain.split("->"):
+            m = _TERM.match(text)
+            if m is None or m["pct"]:
+                break
+            if m["action"] in FAILING:
+                out[name.strip()] = hit + 1
+                break
+            if not m["count"]:
+                break   # this term takes every hit from here on, and it is no failure
+            hit += int(m["count"])
+    return out
+
+
 class Process:
     """What a failpoint acts on: by default this OS process, armed from its environment."""
 

@@ -43,6 +43,12 @@ Strategies, seeded from the run's seed (`make_strategy`):
   drawn uniformly among the first k steps; each decision releases the waiting worker of highest
   priority, and when the step is a change point that worker's priority drops below every other's.
   A bug of depth d among n workers and k steps is found with probability >= 1/(n*k^(d-1)) per run.
+  Each armed fault adds a change point of its own where it acts (the runner tells the scheduler
+  at which hit of which failpoint each worker's fault fails: `faults`): the failing worker drops
+  below everyone there, so its recovery, a failing CLI's cleanup above all, comes after the others'
+  next steps. That is the ordering a fault hurts in (the seed bug's second half: a neighbour mounts
+  over the failing CLI's 0-byte placeholders, then the cleanup unlinks them), and a uniformly drawn
+  change point rarely lands in the few steps between a fault and its cleanup.
   `d` defaults to 3; `k` to the runner's estimate from the scenario (failpoints per start times
   workers; twice that with `syscalls`). `changes=A+B` fixes the change points (a shrunk schedule).
 
@@ -142,6 +148,9 @@ class RandomWalk:
     def choose(self, waiting: list[str], step: int) -> str:
         return self.rng.choice(sorted(waiting))
 
+    def failed(self, worker: str, step: int) -> None:
+        """`worker`'s armed fault acted at `step`: nothing to change for a random walk."""
+
     def describe(self) -> dict:
         return {}
 
@@ -155,6 +164,7 @@ class PCT:
         rng.shuffle(order)
         self.priority = {w: self.depth + i for i, w in enumerate(order)}   # higher runs first
         self.initial = dict(self.priority)
+        self.fault_changes: list[int] = []   # steps at which an armed fault acted (`failed`)
         if plan.changes is not None:
             self.changes = list(plan.changes)
         else:
@@ -166,6 +176,12 @@ class PCT:
         if step in self.changes:   # the current worker runs this step, then drops below everyone
             self.priority[w] = min(self.priority.values()) - 1
         return w
+
+    def failed(self, worker: str, step: int) -> None:
+        """A fault-directed change point: `worker`'s armed fault acted at `step`, so it drops below
+        everyone and its recovery (a failing CLI's cleanup) runs after what the others do next."""
+        self.priority[worker] = min(self.priority.values()) - 1
+        self.fault_changes.append(step)
 
     def describe(self) -> dict:
         return {"depth": self.depth, "k": self.k, "changes": self.changes, "priorities": self.initial}
@@ -243,8 +259,12 @@ class Scheduler:
     host pid of its node's PID 1; `log(kind, **fields)` writes the history."""
 
     def __init__(self, directory, plan: Plan, seed: int, workers: list[str], k: int, node_of, log=None,
-                 relative_to: str = "", settle: float = 0.05, patience: float = 5.0):
+                 relative_to: str = "", settle: float = 0.05, patience: float = 5.0,
+                 faults: dict[str, dict[str, int]] | None = None):
         self.plan, self.seed, self.workers = plan, seed, list(workers)
+        # worker -> {failpoint: the hit at which its armed fault acts} (failpoints.failing_hits), each
+        # taken once: the first start's, which is the one armed
+        self.faults = {w: dict(f) for w, f in (faults or {}).items()}
         self.strategy = make_strategy(plan, seed, self.workers, k)
         self.node_of, self.log, self.relative_to = node_of, log, relative_to.rstrip("/")
         self.settle, self.patience = settle, patience
@@ -288,6 +308,7 @@ class Scheduler:
 
     def record(self) -> dict:
         return {"strategy": str(self.plan), "seed": self.seed, "workers": self.workers, **self.strategy.describe(),
+                **({"fault_changes": self.strategy.fault_changes} if isinstance(self.strategy, PCT) else {}),
                 "forced": self.forced, "left": self.left, "steps": self.steps}
 
     # -- the loop ------------------------------------------------------------------------------
@@ -368,6 +389,9 @@ class Scheduler:
         if self.relative_to and path.startswith(self.relative_to + "/"):
             path = path[len(self.relative_to) + 1:]
         self.steps.append([w, req.name, req.hit])
+        if self.faults.get(w, {}).get(req.name) == req.hit:   # released into its armed fault
+            del self.faults[w][req.name]
+            self.strategy.failed(w, step)
         if self.log:
             self.log("sched.step", step=step, worker=w, failpoint=req.name, hit=req.hit, path=path, waiting=ready,
                      blocked=sorted(self._blocked))
