@@ -114,7 +114,8 @@ def real_reports(tmp: Path, quick: bool, scenarios: dict[str, str] = REAL_REPORT
 CLUSTER_FAULTS = {"lock-holder-stopped": "mutant:unbounded-lock-wait", "lock-lost": "mutant:atomic-rename-markers",
                   "marker-torn": "mutant:zero-byte-counts-present", "links-swapped": "mutant:jail-checked-once",
                   "mixed-capabilities": "mutant:markers-for-default-capabilities",
-                  "host-upgraded-mid-start": "mutant:exit-code-only"}
+                  "host-upgraded-mid-start": "mutant:exit-code-only", "shared-propagation": "mutant:propagation-kept",
+                  "shared-propagation-jail-dir": "mutant:propagation-kept"}
 
 
 def cluster_faults(tmp: Path, quick: bool) -> tuple[list[Row], dict]:

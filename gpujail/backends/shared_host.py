@@ -36,7 +36,6 @@ import os
 import subprocess
 from pathlib import Path
 
-from gpujail.backends.namespaces import die_with_parent
 from gpujail.world.sysops import parse_mountinfo
 
 SHARED = "usr"   # the jail's directory mounted shared: where the CLI's libraries and binaries go
@@ -59,10 +58,11 @@ class SharedHost:
 
     def __enter__(self) -> SharedHost:
         script = 'mount --bind -- "$1" "$1" && mount --make-shared -- "$1" || exit $?; echo ready; exec sleep infinity'
-        self.holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script,
-                                        "shared-host", self.point], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                       preexec_fn=die_with_parent)
+        # SIGKILLed if the harness dies (kept across the execs): a dead run leaves no holder behind
+        self.holder = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "unshare", "--mount", "--propagation",
+                                        "private", "--", "sh", "-c", script, "shared-host", self.point],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, start_new_session=True)
         if self.holder.stdout.readline().strip() != "ready":
             err = self.holder.stderr.read() if self.holder.wait(timeout=10) is not None else ""
             self.__exit__()
