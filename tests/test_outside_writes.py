@@ -68,6 +68,8 @@ def test_a_mount_gone_between_listing_and_cover_is_left_out(tmp_path):
         pytest.skip(kernel.precondition())
     child = ("import sys; from gpujail.backends import cow; covered = cow._covered; "
              "cow._covered = lambda *a: covered(*a) + [sys.argv[1]]; "   # listed, checked, then gone
+             # /run is the node's own tmpfs, as node_view makes it (and writable in a user namespace)
+             "cow.sysops.mount('tmpfs', '/run', 'tmpfs', 0, 'mode=0755'); "
              "view = cow.cover([]); print(len(view.layers))")
     userns = [] if os.getuid() == 0 else ["--user", "--map-root-user"]
     r = subprocess.run(["unshare", *userns, "--mount", "--propagation", "private", sys.executable, "-c", child,
