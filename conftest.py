@@ -7,7 +7,12 @@ run in parallel under `pytest -n auto` without sharing a jail, a lock or a temp 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+
+import pytest
+
+from gpujail import spec
 
 # The plugin is installed (entry point `pytest11`) but quiet until asked; this asks (see
 # gpujail/plugin/__init__.py). `pytest_plugins` loads it even where entry points are not autoloaded.
@@ -22,3 +27,12 @@ def pytest_configure(config):
     settings.register_profile("ci", derandomize=True, print_blob=True)
     if os.environ.get("CI"):
         settings.load_profile("ci")
+
+
+@pytest.fixture
+def use_settings():
+    """`use_settings(cli_target=..., ...)`: the run's settings (gpujail.spec.Settings: what --cli,
+    --cdi-spec and --start-timeout set) with these changes, for this test only."""
+    outer = spec.settings()
+    yield lambda **changes: spec.use(dataclasses.replace(outer, **changes))
+    spec.use(outer)

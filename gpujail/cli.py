@@ -5,6 +5,7 @@ How this works
 --------------
     gpujail run [--impl NAME|COMMAND] [--backend B] [--expectations FILE] [--cdi-spec FILE] [TEST ...] [-- PYTEST-ARGS]
     gpujail reproduce SCENARIO [--impl NAME|COMMAND] [--seed N] [--random] [--out DIR] [--cdi-spec FILE] [--schedule S]
+                      [--start-timeout S] [--cli VARIANT]
     gpujail scenarios [FILE ...]
     gpujail failpoints
     gpujail killmatrix [--template] [--mutants A,B] [--tests PATHS] [--quick]
@@ -38,7 +39,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from gpujail import options
+from gpujail import options, spec
 from gpujail.commands import (
     Stop,
     check_backend,
@@ -146,13 +147,15 @@ def cmd_reproduce(args) -> int:
     require_impl(args.impl)
     check_backend("kernel")   # the chaos runner's backend
     check_launcher(args)
+    given = {name: options.flag(name, getattr(args, name.replace("-", "_"))) for name in ("start-timeout", "cli", "cdi-spec")}
     try:
-        spec = options.check_cdi_spec(options.flag("cdi-spec", args.cdi_spec), options.flag("backend", "kernel"),
-                                      options.flag("launcher", args.launcher or ""))
+        run = options.settings({**given, "backend": options.flag("backend", "kernel"),
+                                "launcher": options.flag("launcher", args.launcher or "")})
+    except options.CliUnavailable as e:
+        raise Stop("backend", str(e)) from None
     except options.BadInput as e:
         raise Stop("bad-input", str(e)) from None
-    from gpujail.fixtures import cdi_spec
-    cdi_spec.activate(spec)   # the runner's nodes and probes, in this process
+    spec.use(run)   # for the runner's nodes and probes, in this process
     return scenarios.reproduce(args, sc)
 
 
@@ -196,7 +199,7 @@ def parser() -> Parser:
 
     rep = sub.add_parser("reproduce", help="run one chaos scenario and show its verdict, chain and timeline")
     rep.add_argument("scenario", help="a name from `gpujail scenarios`, or a scenario TOML file")
-    rep.add_argument("--impl", default="reference", help=help_of["impl"])
+    rep.add_argument("--impl", default=env["impl"], help=help_of["impl"])
     rep.add_argument("--seed", type=int, default=0, help="the schedule's seed (a failing test prints it)")
     rep.add_argument("--workers", default=env["workers"], help=help_of["workers"])
     rep.add_argument("--random", action="store_true", help="add the seeded random timing (the '-random-seed+N' tests)")
@@ -205,6 +208,8 @@ def parser() -> Parser:
                      help="with --schedule pct, when the run fails: drop change points and faults while it still "
                           "fails, print the minimal schedule and the racing pair (docs/scheduler.md)")
     rep.add_argument("--cdi-spec", default=env["cdi-spec"], metavar="FILE", help=help_of["cdi-spec"])
+    rep.add_argument("--start-timeout", default=env["start-timeout"], help=help_of["start-timeout"])
+    rep.add_argument("--cli", default=env["cli"], choices=list(options.CLI_VARIANTS), help=help_of["cli"])
     rep.add_argument("--schedule", default=env["schedule"], metavar="S",
                      help=help_of["schedule"] + "; the same seed and schedule replay the same decisions")
     add_launcher_flags(rep, env, help_of)

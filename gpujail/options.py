@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpujail.launchers import kubernetes
-from gpujail.spec import DEFAULT_WORKERS, START_TIMEOUT
+from gpujail.spec import DEFAULT_WORKERS, START_TIMEOUT, Settings
 
 
 @dataclass(frozen=True)
@@ -414,3 +414,12 @@ def check_all(read) -> tuple[dict[str, Value], dict]:
     check_schedule(values["schedule"], values["backend"], values["launcher"])
     check_impl(values["impl"])
     return values, load_expectations(values["expectations"])
+
+
+def settings(values: dict[str, Value]) -> Settings:
+    """The harness's settings (gpujail.spec.Settings) from checked values (check_all's, or a
+    command's own: start-timeout, cli, cdi-spec, backend and launcher)."""
+    launcher = values.get("launcher")
+    return Settings(start_timeout=check_seconds(values["start-timeout"]), cli_variant=check_cli(values["cli"]),
+                    cli_target=real_cli(values["cli"]),
+                    cdi_spec=check_cdi_spec(values["cdi-spec"], values["backend"], launcher))

@@ -5,7 +5,7 @@ The requirement table is like test262's features.txt: every SPEC ID a test may c
 A `req` marker naming an ID not listed here is a collection error; the self-tests check this table
 against SPEC.md and list the IDs no test cites.
 """
-import os
+from dataclasses import dataclass
 
 REQUIREMENTS = {
     "CLI-1": "fake CLI: GNU argp grammar, usage errors exit 1, bad rootfs refused",
@@ -79,12 +79,40 @@ CAPABILITIES = ("compute", "compat32", "display", "graphics", "utility", "video"
 DEFAULT_WORKERS = 8
 
 # How long one start (one run of the implementation) may take before it is killed with everything it
-# started: --start-timeout, or GPUJAIL_START_TIMEOUT in the environment.
+# started, unless the run says otherwise (--start-timeout, GPUJAIL_START_TIMEOUT, ini start-timeout).
 START_TIMEOUT = 120.0
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What a run asked for that the harness below the plugin acts on: built once from flags,
+    environment and ini by one validator (gpujail/options.py `settings`) and made this process's by
+    `use` (the plugin for its session, `gpujail reproduce` for its run). It is not passed through
+    os.environ: a node or an implementation gets what it needs in the environment its starter
+    builds (kernel.Node.contract_env)."""
+    start_timeout: float = START_TIMEOUT   # every start's deadline
+    cli_variant: str = ""   # --cli: what the fake CLI reads in GPUJAIL_CLI_VARIANT ('' its default)
+    cli_target: str = ""    # --cli real: the host's CLI, which workers run through the syscall-fault wrapper
+    cdi_spec: str = ""      # --cdi-spec: the vendor's spec, an absolute path ('' none)
+
+
+_settings = Settings()
+
+
+def settings() -> Settings:
+    return _settings
+
+
+def use(new: Settings) -> Settings:
+    """Make `new` this process's settings; returns the ones it replaces, for a nested session
+    (pytester's) to give back when it ends."""
+    global _settings
+    old, _settings = _settings, new
+    return old
+
+
 def start_timeout() -> float:
-    return float(os.environ.get("GPUJAIL_START_TIMEOUT") or START_TIMEOUT)
+    return _settings.start_timeout
 
 
 # Exit codes of the bundled implementations: one per kind of failure (CONTRACT.md).

@@ -18,8 +18,9 @@ CAPS = "compute,utility,compat32"
 
 
 @pytest.fixture(autouse=True)
-def no_vendor_spec(monkeypatch):
+def no_vendor_spec(monkeypatch, use_settings):
     monkeypatch.delenv(cdi_spec.ENV, raising=False)
+    use_settings(cdi_spec="")
 
 
 @pytest.mark.parametrize("layout", ["debian", "rhel", "arch"])
@@ -49,6 +50,5 @@ def test_a_cli_based_worker_is_still_asked_where_the_cli_mounts():
 def test_which_workers_are_cdi_mode(tmp_path, monkeypatch):
     assert probes.cdi_mode("cdi") and probes.cdi_mode("cdi-naive", "reference")
     assert not probes.cdi_mode("legacy", "cdi") and not probes.cdi_mode("reference")
-    monkeypatch.setenv(cdi_spec.ENV, str(tmp_path / "spec.json"))   # --cdi-spec: the run's own implementation
-    monkeypatch.setattr(cdi_spec, "active", lambda: object())
+    monkeypatch.setattr(cdi_spec, "active", lambda: object())   # --cdi-spec: the run's own implementation
     assert probes.cdi_mode("bash mine.sh", "bash mine.sh") and not probes.cdi_mode("legacy", "bash mine.sh")

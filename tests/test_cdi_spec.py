@@ -30,9 +30,10 @@ needs_kernel = pytest.mark.skipif(bool(kernel.precondition()), reason=str(kernel
 
 
 @pytest.fixture(autouse=True)
-def no_vendor_spec(monkeypatch):
-    """Each test starts without a vendor spec, whatever the environment says."""
+def no_vendor_spec(monkeypatch, use_settings):
+    """Each test starts without a vendor spec, whatever the run or the environment says."""
     monkeypatch.delenv(cdi_spec.ENV, raising=False)
+    use_settings(cdi_spec="")
 
 
 def generated(fmt: str = "json") -> str:
@@ -265,7 +266,7 @@ def test_a_hand_edited_spec_of_another_version(tmp_path):
             assert data.startswith(b"\x7fELF") or data.startswith(b"#!"), f.path
 
 
-def test_which_nodes_and_what_the_probes_check(tmp_path, monkeypatch):
+def test_which_nodes_and_what_the_probes_check(tmp_path, use_settings):
     """The vendor's driver stands in for the default fixture driver on the default layout; the probes
     then ask for its files at their containerPath (configure's selection for the capabilities) and
     its sonames beside them."""
@@ -275,7 +276,7 @@ def test_which_nodes_and_what_the_probes_check(tmp_path, monkeypatch):
     path = write(tmp_path, "spec.json", spec)
     assert probes.gpu_files("/j") == probes.gpu_files("/j", VERSION)   # nothing active: the fixtures
     builtin, newer = probes.gpu_files("/j"), probes.gpu_files("/j", drivers.VERSIONS[1])
-    monkeypatch.setenv(cdi_spec.ENV, path)
+    use_settings(cdi_spec=path)
     assert cdi_spec.for_node(VERSION).version == OTHER
     assert cdi_spec.for_node(drivers.VERSIONS[1]) is None and cdi_spec.for_node(VERSION, "rhel") is None
     files = probes.gpu_files("/j")
@@ -329,12 +330,12 @@ def node_generated(fleet, fmt: str) -> str:
 
 @pytest.mark.kernel
 @needs_kernel
-def test_a_node_serves_the_vendors_driver(fleet, tmp_path, monkeypatch):
+def test_a_node_serves_the_vendors_driver(fleet, tmp_path, use_settings):
     """A node of the default version gets the spec's files (another version's names) at their host
     paths, its device nodes and sockets; the fake there prints the vendor's spec; a node on another
     version keeps the fixture driver and the fake generates its spec."""
     path = write(tmp_path, "vendor.yaml", other_version(node_generated(fleet, "yaml")))
-    monkeypatch.setenv(cdi_spec.ENV, path)
+    use_settings(cdi_spec=path)
     vendor = cdi_spec.active()
     node = fleet.start("v")
     r = node.run(["sh", "-c", f"ls {LIB} | grep -c {OTHER}; ls {LIB} | grep -c {VERSION}; test -S "

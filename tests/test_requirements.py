@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gpujail import spec
 from gpujail.options import OPTIONS
 from gpujail.plugin.collection import purpose
 from gpujail.plugin.outcomes import failure_reason
@@ -123,6 +124,31 @@ def run(pytester, monkeypatch):
 
 def output(result) -> str:
     return result.stdout.str() + "\n" + result.stderr.str()
+
+
+def test_a_sessions_settings_reach_its_nodes_not_the_environment(pytester, run, tmp_path):
+    """--start-timeout, --cli and --cdi-spec become the session's settings (gpujail.spec.Settings),
+    which the nodes' environment is built from; nothing is written to os.environ, and a nested
+    session gives the outer one's settings back when it ends."""
+    def environ():   # pytest's own PYTEST_CURRENT_TEST left out: the nested session drops it
+        return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    outer, before = spec.settings(), environ()
+    pytester.makepyfile(test_seen="""
+        import os
+        from pathlib import Path
+        from gpujail import spec
+        from gpujail.backends import kernel
+
+        def test_seen():
+            run = spec.settings()
+            assert (run.start_timeout, run.cli_variant, run.cdi_spec) == (7.5, "own-cleanup", "")
+            env = kernel.Node("w0", Path("/jail"), "gpu-worker", None, {}).contract_env()
+            assert env["GPUJAIL_CLI_VARIANT"] == "own-cleanup"
+            assert not any(k in os.environ for k in ("GPUJAIL_START_TIMEOUT", "GPUJAIL_CLI_VARIANT", "GPUJAIL_CLI_TARGET"))
+    """)
+    result = run("--start-timeout", "7.5", "--cli", "fake-own-cleanup")
+    assert result.ret == 0, output(result)
+    assert spec.settings() == outer and environ() == before
 
 
 def test_unknown_requirement_id_is_an_error(pytester, run):

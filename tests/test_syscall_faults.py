@@ -152,13 +152,13 @@ def test_wrapper_refuses_a_bad_spec_in_one_line(tmp_path):
 
 # -- the worker's PATH and --cli real ------------------------------------------------------------------
 
-def test_the_wrapper_is_first_on_path_only_when_asked(monkeypatch):
-    monkeypatch.delenv(syscall_faults.TARGET_ENV, raising=False)
+def test_the_wrapper_is_first_on_path_only_when_asked(use_settings):
+    use_settings(cli_target="")
     node = kernel.Node("w0", Path("/jail"), "gpu-worker", None, {})
     assert node.contract_env()["PATH"].split(os.pathsep)[0] == str(BIN)
     armed = node.contract_env(extra={syscall_faults.ENV: "mount=kill"})["PATH"].split(os.pathsep)
     assert armed[:2] == [syscall_faults.WRAP, str(BIN)]
-    monkeypatch.setenv(syscall_faults.TARGET_ENV, "/usr/bin/nvidia-container-cli")
+    use_settings(cli_target="/usr/bin/nvidia-container-cli")   # --cli real
     env = node.contract_env()
     assert env["PATH"].startswith(syscall_faults.WRAP) and env[syscall_faults.TARGET_ENV] == "/usr/bin/nvidia-container-cli"
 
@@ -177,7 +177,7 @@ def test_cli_real_is_the_hosts_own_or_unavailable(tmp_path, monkeypatch):
 
 
 @pytest.mark.kernel
-def test_a_worker_with_cli_real_runs_the_hosts_cli(tmp_path, monkeypatch):
+def test_a_worker_with_cli_real_runs_the_hosts_cli(tmp_path, use_settings):
     """The implementation finds the chosen CLI first on PATH: here a stand-in "host CLI" that says
     who it is, then hands over to the fake (no NVIDIA software on this machine)."""
     if kernel.precondition():
@@ -185,7 +185,7 @@ def test_a_worker_with_cli_real_runs_the_hosts_cli(tmp_path, monkeypatch):
     stand_in = tmp_path / "nvidia-container-cli"
     stand_in.write_text(f'#!/bin/sh\necho "host CLI at $0" >&2\nexec "{BIN / "nvidia-container-cli"}" "$@"\n')
     stand_in.chmod(0o755)
-    monkeypatch.setenv(syscall_faults.TARGET_ENV, str(stand_in))
+    use_settings(cli_target=str(stand_in))   # --cli real, this CLI found on the host's PATH
     from gpujail.fixtures.jail import make_jail
     with kernel.Fleet.recording(make_jail(tmp_path / "jail"), tmp_path / "run") as fleet:
         r = fleet.start("w0").run(["nvidia-container-cli", "--version"])

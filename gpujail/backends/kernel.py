@@ -28,7 +28,7 @@ from pathlib import Path
 from gpujail import ROOT
 from gpujail.backends import node_factory, warm
 from gpujail.fixtures import BIN, cdi_spec, drivers, syscall_faults
-from gpujail.spec import start_timeout
+from gpujail.spec import settings, start_timeout
 from gpujail.world import history
 
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpujail-node-spawner")
@@ -156,14 +156,15 @@ class Node:
                "PYTHONDONTWRITEBYTECODE": "1",
                "GPUJAIL_JAIL": str(self.jail), "GPUJAIL_NODE": self.node_id, "GPUJAIL_ROLE": self.role,
                "NVIDIA_DRIVER_CAPABILITIES": capabilities}
-        if os.environ.get("GPUJAIL_CLI_VARIANT"):   # --cli: which fake CLI the workers get
-            env["GPUJAIL_CLI_VARIANT"] = os.environ["GPUJAIL_CLI_VARIANT"]
+        run = settings()
+        if run.cli_variant:   # --cli: which fake CLI the workers get
+            env["GPUJAIL_CLI_VARIANT"] = run.cli_variant
         if self.vendor is not None:   # --cdi-spec: the fake nvidia-ctk prints the vendor's spec
             env[cdi_spec.ENV] = self.vendor.path
         env.update({k: v for k, v in self.env.items()})
         env.update(extra or {})
-        if os.environ.get(syscall_faults.TARGET_ENV):   # --cli real: the host's CLI, through the wrapper
-            env.setdefault(syscall_faults.TARGET_ENV, os.environ[syscall_faults.TARGET_ENV])
+        if run.cli_target:   # --cli real: the host's CLI, through the wrapper
+            env.setdefault(syscall_faults.TARGET_ENV, run.cli_target)
         if env.get(syscall_faults.TARGET_ENV) or env.get(syscall_faults.ENV):
             # the wrapper goes first on PATH: it runs that CLI (or the fake) under strace --inject
             env["PATH"] = os.pathsep.join([str(syscall_faults.WRAP), env["PATH"]])

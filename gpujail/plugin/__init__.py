@@ -42,12 +42,11 @@ report.html) and fixtures.py (the jail, the fleet, the world).
 """
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 
 import pytest
 
-from gpujail import options
+from gpujail import options, spec
 from gpujail.options import OPTIONS, BadInput  # noqa: F401 (OPTIONS: the table, as before)
 from gpujail.plugin.collection import SELF_CHECK, Collection
 from gpujail.plugin.fixtures import Fixtures
@@ -99,15 +98,9 @@ class Suite(Collection, Outcomes, Fixtures):
             self.values, self.expectations = options.check_all(lambda name: options.value(config, name))
         except BadInput as e:
             raise pytest.UsageError(str(e)) from None
-        # Every start's deadline (gpujail.spec.start_timeout), for this process and the nodes it starts.
-        os.environ[options.BY_NAME["start-timeout"].env] = self.value("start-timeout")
-        # The fake CLI's variant, for every worker this process starts (kernel.Node.contract_env).
-        os.environ["GPUJAIL_CLI_VARIANT"] = options.check_cli(self.values["cli"])
-        # --cli real: the host's CLI, which workers get through the syscall-fault wrapper (contract_env).
-        os.environ["GPUJAIL_CLI_TARGET"] = options.real_cli(self.values["cli"])
-        # --cdi-spec: the vendor's spec, for this process and every node it starts (fixtures/cdi_spec.py).
-        from gpujail.fixtures import cdi_spec
-        cdi_spec.activate(self.value("cdi-spec"))
+        # The start timeout, the CLI and the vendor's CDI spec, for the fleets and nodes of this
+        # session (gpujail.spec.Settings); the ones before are given back when it ends.
+        self.outer_settings = spec.use(options.settings(self.values))
         self.config = config
         self.by_requirement: dict[str, list] = defaultdict(list)
         self.self_checks: dict[str, list] = defaultdict(list)
@@ -118,6 +111,9 @@ class Suite(Collection, Outcomes, Fixtures):
                      f"{SELF_CHECK}: a harness self-check (the fake CLI, kernel facts): run first, once per host "
                      "and code version, reported apart, never counted for or against an implementation"):
             config.addinivalue_line("markers", line)
+
+    def pytest_unconfigure(self, config):
+        spec.use(self.outer_settings)
 
     def value(self, name: str) -> str:
         return self.values[name].text
