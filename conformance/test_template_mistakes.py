@@ -20,6 +20,7 @@ pytestmark = pytest.mark.kernel
 
 
 @pytest.mark.req("REF-6")
+@pytest.mark.needs_cli("configure")
 def test_cli_failing_after_its_mounts_is_still_fatal(world):
     """A configure that fails at its ldconfig step (CLI-6: that failure undoes nothing, so every
     mount is still in place and would pass verification) is still a failing CLI: the start must

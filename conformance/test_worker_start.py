@@ -332,6 +332,7 @@ def test_node_local_entries_are_skipped(world):
 
 
 @pytest.mark.req("REF-1")
+@pytest.mark.needs_cli("list")
 def test_failing_list_is_fatal(world):
     """A failing `list` is fatal, with its error line, before anything is written."""
     before = jail_image.snapshot(world.jail)
@@ -344,6 +345,7 @@ def test_failing_list_is_fatal(world):
 
 
 @pytest.mark.req("REF-1")
+@pytest.mark.needs_cli("list")
 def test_list_failing_after_its_output_is_fatal(world, tmp_path):
     """A `list` that printed its files and then failed (exit 1, as a CLI that dies in its last
     section) is fatal too, whatever it printed: the file set may be incomplete. Nothing is written."""
@@ -359,6 +361,7 @@ def test_list_failing_after_its_output_is_fatal(world, tmp_path):
 
 
 @pytest.mark.req("REF-1")
+@pytest.mark.needs_cli("list")
 @pytest.mark.parametrize("listing", ["", "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15\n",
                                      "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.999.1.1\n"],
                          ids=["empty", "relative", "missing-host-file"])
@@ -454,6 +457,7 @@ def test_driver_mounts_are_read_only(world):
 
 
 @pytest.mark.req("REF-6")
+@pytest.mark.needs_cli("configure")
 def test_failing_cli_is_fatal_without_retry(world):
     """A failing `configure` is fatal (non-zero so the orchestrator restarts the container), with
     its error in one line, and is not retried in-process."""
@@ -466,6 +470,7 @@ def test_failing_cli_is_fatal_without_retry(world):
 
 
 @pytest.mark.req("REF-7")
+@pytest.mark.needs_cli("configure")
 def test_no_mounts_is_an_anomaly(world, tmp_path):
     """A `configure` that exits 0 having mounted nothing must not be trusted, even though every
     target exists (markers left by an earlier run pass an existence check)."""
@@ -478,6 +483,7 @@ def test_no_mounts_is_an_anomaly(world, tmp_path):
 
 
 @pytest.mark.req("REF-7")
+@pytest.mark.needs_cli("configure")
 def test_placeholder_sized_mount_is_rejected(world, tmp_path):
     """A mount that shows placeholder-sized content by path (here: a 26-byte file bound over libcuda
     after a successful configure) fails verification. (Not NVML: the soname check, REF-8, would
@@ -550,6 +556,7 @@ def test_soname_unrepairable_is_fatal(world, tmp_path):
 
 
 @pytest.mark.req("REF-10")
+@pytest.mark.needs_cli("list")
 def test_no_flag_on_failure(world):
     """The done flag is touched only by a worker that passed verification."""
     w = world.start("w", env={"GPUJAIL_FAILPOINTS": "cli.before_list=return(EIO)"})

@@ -23,7 +23,7 @@ from pathlib import Path
 from gpujail import reference_impl
 from gpujail.backends.kernel import Fleet, Node, RunResult
 from gpujail.fixtures import BIN
-from gpujail.spec import start_timeout
+from gpujail.spec import CLI_COMMANDS, start_timeout
 from gpujail.world import history, schedule
 
 # -S: no site-packages scan at start-up (PYTHONPATH names the repository), which is a third of a
@@ -36,6 +36,24 @@ BUNDLED = {
     "cdi": [sys.executable, "-S", "-m", "gpujail.reference_impl", "cdi"],
     "example-shell": ["sh", str(Path(reference_impl.__file__).parent / "example.sh")],
 }
+
+
+# What the bundled implementations that do not run both `nvidia-container-cli list` and `configure`
+# run of it: direct mounts the files `list` names itself, the CDI ones take a spec's (SPEC section 9).
+CLI_RUNS = {"direct": ("list",), "cdi": (), "cdi-naive": ()}
+
+
+def cli_commands(impl: str, declared: list[str] | None = None) -> frozenset[str]:
+    """Which of CLI_COMMANDS `impl` runs, so that the tests of what a failing or a stubbed command
+    must lead to (marker `needs_cli(command)`) apply to it only then: what its expectations file
+    declares (`cli = ["list"]`), else CLI_RUNS for a bundled one, none for a run's own command in
+    CDI mode (--cdi-spec), both for everything else (a vendor's script runs the CLI)."""
+    if declared is not None:
+        return frozenset(declared)
+    if impl in CLI_RUNS:
+        return frozenset(CLI_RUNS[impl])
+    from gpujail.backends.probes import cdi_mode
+    return frozenset() if cdi_mode(impl) else frozenset(CLI_COMMANDS)
 
 
 class UnknownImplementation(ValueError):

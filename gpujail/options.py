@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpujail.launchers import kubernetes
-from gpujail.spec import DEFAULT_WORKERS, START_TIMEOUT, Settings
+from gpujail.spec import CLI_COMMANDS, DEFAULT_WORKERS, START_TIMEOUT, Settings
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ OPTIONS += [Option(*setting) for setting in kubernetes.SETTINGS]
 BY_NAME = {o.name: o for o in OPTIONS}
 PATHS = ("expectations", "gpujail-report", "cdi-spec")   # values shown as they are in messages; the others quoted
 SELF_CHECK_MODES = ("once", "always")
-EXPECTATION_SECTIONS = ("implementation", "requirements", "tests", "intermittent", "inconclusive")
+EXPECTATION_SECTIONS = ("implementation", "cli", "requirements", "tests", "intermittent", "inconclusive")
 # Interpreters whose first non-option argument is the script they run (`bash vendor.sh -j {jail}`);
 # `-c` and `-m` name code or a module instead.
 INTERPRETERS = ("sh", "bash", "dash", "ksh", "zsh", "python", "python3", "perl", "ruby", "node")
@@ -375,7 +375,7 @@ def load_expectations(v: Value) -> dict:
     from gpujail.spec import REQUIREMENTS
     empty = {"requirements": {}, "tests": {}, "intermittent": {}, "inconclusive": {}}
     if not v.text:
-        return empty
+        return {**empty, "cli": None}
     try:
         data = tomllib.loads(Path(v.text).read_text())
     except FileNotFoundError:
@@ -393,7 +393,11 @@ def load_expectations(v: Value) -> dict:
     unexplained = sorted(t for t, why in data.get("inconclusive", {}).items() if not str(why).strip())
     if unexplained:
         raise BadInput(f"{v.label}: [inconclusive] {', '.join(unexplained)}: no reason given (say why the run proves nothing)")
-    return {section: data.get(section, {}) for section in empty}
+    cli = data.get("cli", list(CLI_COMMANDS))
+    if not isinstance(cli, list) or not set(map(str, cli)) <= set(CLI_COMMANDS):
+        raise BadInput(f"{v.label}: cli = {cli!r}: expected a list of the nvidia-container-cli commands the "
+                       f"implementation runs, of {', '.join(CLI_COMMANDS)}")
+    return {**{section: data.get(section, {}) for section in empty}, "cli": data.get("cli")}
 
 
 def check_all(read) -> tuple[dict[str, Value], dict]:

@@ -75,6 +75,10 @@ DIR_MARKER = ".nvidia-placeholder-marker"
 # is every one but compat32): what the fake CLI acts on and what an implementation accepts.
 CAPABILITIES = ("compute", "compat32", "display", "graphics", "utility", "video", "ngx")
 
+# The `nvidia-container-cli` commands an implementation may run (contract.cli_commands): a test that
+# fails or stubs one (marker `needs_cli`) does not apply to an implementation that never runs it.
+CLI_COMMANDS = ("list", "configure")
+
 # GPU workers of a multi-worker test or scenario that does not pin its count (--workers).
 DEFAULT_WORKERS = 8
 

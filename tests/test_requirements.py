@@ -151,6 +151,44 @@ def test_a_sessions_settings_reach_its_nodes_not_the_environment(pytester, run, 
     assert spec.settings() == outer and environ() == before
 
 
+@pytest.mark.parametrize("impl,cli,outcome", [
+    ("reference", None, {"failed": 2}),   # it runs both: the tests apply, and here they fail
+    ("direct", None, {"failed": 1, "skipped": 1}),   # no configure: that one does not apply
+    ("cdi", None, {"skipped": 2}),   # neither list nor configure
+    ("sh /bin/true", "[]", {"skipped": 2}),   # a vendor's command declares it in its expectations file
+    ("direct", '["list", "configure"]', {"failed": 2})])   # ... which wins over the bundled table
+def test_a_test_of_a_cli_command_applies_only_where_it_runs(pytester, run, impl, cli, outcome):
+    """A test that fails or stubs `nvidia-container-cli list` or `configure` (marker `needs_cli`) is
+    skipped as not applicable, with the reason, for an implementation that never runs that command,
+    and runs (and can fail) for any other: no expectations file needed to say what cannot happen."""
+    pytester.makepyfile(test_cli_steps="""
+        import pytest
+
+        @pytest.mark.needs_cli("list")
+        def test_list():
+            assert False
+
+        @pytest.mark.needs_cli("configure")
+        def test_configure():
+            assert False
+    """)
+    args = ["--impl", impl, "-rs"]
+    if cli is not None:
+        (pytester.path / "exp.toml").write_text(f"cli = {cli}\n")
+        args += ["--expectations", str(pytester.path / "exp.toml")]
+    result = run(*args)
+    result.assert_outcomes(**outcome)
+    if "skipped" in outcome:
+        assert "not applicable:" in result.stdout.str() and "runs no `nvidia-container-cli" in result.stdout.str()
+
+
+def test_an_expectations_files_cli_list_is_checked(pytester, run):
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    (pytester.path / "exp.toml").write_text('cli = ["lsit"]\n')
+    result = run("--impl", "reference", "--expectations", str(pytester.path / "exp.toml"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "cli = ['lsit']: expected a list" in result.stderr.str()
+
+
 def test_unknown_requirement_id_is_an_error(pytester, run):
     """A test citing an ID the vocabulary does not know stops the run before any test runs, naming
     the ID and the test."""

@@ -106,6 +106,8 @@ class Suite(Collection, Outcomes, Fixtures):
         self.self_checks: dict[str, list] = defaultdict(list)
         for line in ("req(*ids): the SPEC requirement IDs this test checks",
                      "kernel: needs the kernel backend",
+                     "needs_cli(command): fails or stubs that `nvidia-container-cli` command: not applicable "
+                     "to an implementation that never runs it (gpujail/contract.py cli_commands)",
                      "scale: a big run (128 workers); deselected unless `-m scale`",
                      "model: runs in the model backend's simulation; collected with --backend model",
                      f"{SELF_CHECK}: a harness self-check (the fake CLI, kernel facts): run first, once per host "

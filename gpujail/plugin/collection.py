@@ -12,6 +12,10 @@ whose `self.value`, `self.expectations` are Suite's). `pytest_collection_modifyi
 * marks the harness self-checks (marker `self_check`) with their cache key, and skips those
   already checked on this host with this code (`SelfCheckCache`, `--self-checks once`); the
   implementation's expectations never apply to them;
+* skips, as not applicable, a test that fails or stubs an `nvidia-container-cli` command (marker
+  `needs_cli("list")`, `needs_cli("configure")`) for an implementation that never runs it
+  (gpujail/contract.py `cli_commands`: direct runs no configure, the CDI ones neither; a vendor's
+  expectations file may say `cli = [...]`);
 * turns the expectations file into strict xfails (`_expect`: [tests], then [intermittent], then
   [requirements]; [inconclusive] is a strict xfail on `Inconclusive` only), matching node ids by
   suffix or shell wildcard (`_match`);
@@ -34,6 +38,7 @@ import pytest
 from gpujail.spec import REQUIREMENTS
 
 SELF_CHECK = "self_check"
+NEEDS_CLI = "needs_cli"   # needs_cli("configure"): a test that fails or stubs that CLI command (contract.cli_commands)
 CACHED = "already checked on this host"   # a self-check's skip reason when it passed here before
 EXPECTED_INCONCLUSIVE = "expected inconclusive: "   # the xfail reason of a test listed under [inconclusive]
 
@@ -50,6 +55,8 @@ class Collection:
         on_model = self.value("backend") == "model"
         self._deselect(config, items, [i for i in items if bool(i.get_closest_marker("model")) != on_model])
         checked = SelfCheckCache(self, items) if any(i.get_closest_marker(SELF_CHECK) for i in items) else None
+        from gpujail.contract import cli_commands
+        runs = cli_commands(self.value("impl"), self.expectations["cli"])
         for item in items:
             ids = requirement_ids(item)
             unknown = [i for i in ids if i not in REQUIREMENTS]
@@ -64,6 +71,11 @@ class Collection:
                 if when and self.value("self-checks") == "once":
                     item.add_marker(pytest.mark.skip(reason=f"{CACHED} at {when}"))
                 continue   # an implementation's expectations never apply to the harness
+            unused = sorted({c for m in item.iter_markers(NEEDS_CLI) for c in m.args} - runs)
+            if unused:
+                item.add_marker(pytest.mark.skip(reason=f"not applicable: {self.value('impl')} runs no "
+                                                        f"`nvidia-container-cli {unused[0]}`, which this test fails or stubs"))
+                continue
             self._expect(item, ids)
         # The self-checks first: the run's precondition (xdist hands out tests in this order).
         items.sort(key=lambda i: not i.get_closest_marker(SELF_CHECK))
