@@ -82,7 +82,7 @@ def ldconfig_node(scenario: Scenario, fleet, jail: Path, impl: str, done: thread
         time.sleep(every)
 
 
-def wait_until_held(lock: Path, nemeses: list[threading.Thread], timeout: float = 60.0) -> bool:
+def wait_until_held(lock: Path, nemeses: list, timeout: float = 60.0) -> bool:
     """True once someone holds `lock` (flock, tried without waiting and let go at once), False if
     the nemesis ended or the time ran out first: the blind winner has the ldconfig lock before any
     worker starts, so the workers meet it busy."""

@@ -29,6 +29,7 @@ history (`ChaosRun.keep` draws a valid run's when it keeps its files). Shared sl
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -46,7 +47,7 @@ from gpujail.fixtures import syscall_faults
 from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
 
-from gpujail.backends import kernel, shared_host
+from gpujail.backends import interface, kernel, shared_host
 from gpujail.backends.probes import cdi_mode, compat_files, gpu_files, lookup_files, soname_files, unanswered
 from gpujail.contract import RestartPolicy, Worker, start_worker
 from gpujail.world import history
@@ -163,7 +164,7 @@ def host_residue(*needles: str) -> tuple[list[str], list[str]]:
 
 
 def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: float | None = None,
-        fleet_class: type[kernel.Fleet] = kernel.Fleet, scheduled: str | None = None) -> ChaosRun:
+        fleet_class: type[interface.Fleet] = kernel.Fleet, scheduled: str | None = None) -> ChaosRun:
     """`scheduled`: the --schedule (gpujail/world/schedule.py; default: the fleet class's
     `schedule` attribute, which the plugin sets from --schedule, else `free`)."""
     plan = schedule_plan.parse(scheduled or getattr(fleet_class, "schedule", "free"))
@@ -189,7 +190,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
     if scenario.start_timeout is not None:   # the scenario's own deadline, never longer than the run's
         timeout = min(timeout, scenario.start_timeout) if timeout else scenario.start_timeout
     workers: dict[str, Worker] = {}
-    nodes: dict[str, kernel.Node] = {}
+    nodes: dict[str, interface.Node] = {}
     if scenario.shared_propagation:   # every node a peer of the host's shared mount (shared_host.py)
         why = shared_host.unavailable(fleet_class)
         if why:
@@ -285,23 +286,22 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                 errors[wid] = e
 
         done = threading.Event()   # every worker finished: the ldconfig nemesis runs once more and stops
-        nemeses: list[threading.Thread] = []
+        # The harness's own actors beside the workers (interface.Nemesis): each one thread, its
+        # exception kept and raised below, once every thread is joined.
+        nemeses: list[interface.ThreadNemesis] = []
         nemesis_ready: dict[str, Worker] = {}   # GPU nemeses, probed in the last round (busy before)
         if scenario.ldconfig:
-            def ldconfig_nemesis(name: str) -> None:
-                try:
-                    nemesis.ldconfig_node(scenario, fleet, jail, impl, done, log, name, nemesis_ready)
-                except RuntimeError as e:   # its node could not be set up, or died: raised below, as for a worker
-                    errors[name] = e
-
-            nemeses = [threading.Thread(target=ldconfig_nemesis, args=(n,)) for n in nemesis_names]
-            for t in nemeses:
-                t.start()
-            if scenario.ldconfig.get("hold_lock") and not nemesis.wait_until_held(jail / core.LDCONFIG_LOCK, nemeses):
+            ldconfig = [interface.ThreadNemesis(n, functools.partial(
+                nemesis.ldconfig_node, scenario, fleet, jail, impl, done, log, n, nemesis_ready)) for n in nemesis_names]
+            nemeses += ldconfig
+            for n in ldconfig:
+                n.start()
+            if scenario.ldconfig.get("hold_lock") and not nemesis.wait_until_held(jail / core.LDCONFIG_LOCK, ldconfig):
                 done.set()
-                for t in nemeses:
-                    t.join()
-                raise RuntimeError(f"the ldconfig nemesis never took the jail's ldconfig lock: {sorted(errors.items())}")
+                for n in ldconfig:
+                    n.stop()
+                raise RuntimeError("the ldconfig nemesis never took the jail's ldconfig lock: "
+                                   f"{sorted((n.name, n.error) for n in ldconfig if n.error)}")
         threads = {w: threading.Thread(target=go, args=(w, role, v), name=w) for w, role, v in scenario.workers}
         scheduler = None if plan.free else _scheduler(plan, scenario, run_dir, seed, jail, threads, nodes, log,
                                                       {w: failing_hits(spec) for w, spec in schedule.items()})
@@ -309,16 +309,13 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             contract[schedule_plan.ENV] = scheduler.address
         for t in threads.values():
             t.start()
-        jobs: list[threading.Thread] = []   # harness jobs during the run: the probes go on while they run
+        jobs: list[interface.ThreadNemesis] = []   # harness jobs during the run: the probes go on while they run
         if scenario.populate_at:
-            def live_populate() -> None:
-                try:   # the populate-jail job re-run on a jail in use, once the barrier opens
-                    Barrier(scenario.populate_at, str(run_dir / "barriers")).wait_released()
-                    nemesis.populate_job(fleet, jail, impl, "populate-live")
-                except Exception as e:   # raised below, in the caller's thread
-                    errors["populate-live"] = e
+            def live_populate() -> None:   # the populate-jail job re-run on a jail in use, once the barrier opens
+                Barrier(scenario.populate_at, str(run_dir / "barriers")).wait_released()
+                nemesis.populate_job(fleet, jail, impl, "populate-live")
 
-            jobs.append(threading.Thread(target=live_populate, name="populate-live"))
+            jobs.append(interface.ThreadNemesis("populate-live", live_populate))
             jobs[-1].start()
         def files_for(version: str, w: str) -> list[dict]:
             args = (jail, version, scenario.capabilities_of(w), scenario.layout, cdi(w))
@@ -342,13 +339,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             probes[w] = files_for(up.version, w)
 
         planted: list[str] = []   # jail paths the harness swapped in during the run (not the workers' doing)
-        def keep_barriers() -> None:
-            try:
-                nemesis.keep_barriers(scenario, run_dir, threads, nodes, log, jail, planted, upgrade)
-            except Exception as e:   # a harness thread never dies in silence: raised below, the run fails
-                errors["the barrier keeper"] = e
-
-        keeper = threading.Thread(target=keep_barriers, name="barrier-keeper")
+        keeper = interface.ThreadNemesis("the barrier keeper", functools.partial(
+            nemesis.keep_barriers, scenario, run_dir, threads, nodes, log, jail, planted, upgrade))
         keeper.start()
 
         with_compat: set[str] = set()
@@ -373,11 +365,10 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
                 except RuntimeError as e:   # raised below with the workers' errors, once every thread is joined
                     errors["scheduler"] = e
                 (run_dir / "schedule.json").write_text(json.dumps(scheduler.record()))
-        keeper.join()
-        for t in jobs:
-            t.join()
-        for t in nemeses:
-            t.join()
+        for n in [keeper, *jobs, *nemeses]:
+            n.stop()
+            if n.error is not None:
+                errors[n.name] = n.error
         if errors:
             wid, e = sorted(errors.items())[0]
             what = f"worker {wid} could not be started" if wid in threads or wid in nemesis_names else f"{wid} failed"

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujail import reference_impl
-from gpujail.backends.kernel import Fleet, Node, RunResult
+from gpujail.backends.base import RunResult
+from gpujail.backends.interface import Fleet, Node
 from gpujail.fixtures import BIN
 from gpujail.spec import CLI_COMMANDS, start_timeout
 from gpujail.world import history, schedule

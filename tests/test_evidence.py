@@ -164,8 +164,8 @@ def test_a_harness_thread_that_dies_fails_the_run_loudly(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="the latency fault's injector failed"):
         with fleet_class(make_jail(tmp_path / "jail"), {history.ENV: str(hist)}) as fleet:
             history.append(str(hist), "worker.start", node="w0", impl="reference", attempt=0)
-            for t in fleet._nemesis:
-                t.join(timeout=10)
+            for n in fleet._nemesis:
+                n.stop(timeout=10)
 
 
 # -- the gate: UNKNOWN and INCONCLUSIVE are not success ------------------------------------------

@@ -2,7 +2,7 @@
 
 How this works
 --------------
-`Fleet` and `Node` have the kernel backend's interface (gpujail/backends/kernel.py), so the contract runner,
+`Fleet` and `Node` have the backends' interface (gpujail/backends/interface.py), so the contract runner,
 the conformance `World`, the chaos runner, probes, history and checker work unchanged. A node is
 one container, started through the `docker` SDK from the locally built worker image
 (gpujail/docker_image.py), with:
@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujail import ROOT
-from gpujail.backends import docker_image, kernel
+from gpujail.backends import docker_image
+from gpujail.backends.base import BaseFleet, BaseNode, RunResult, pythonpath
 from gpujail.backends.docker_image import PYTHON, one_line
-from gpujail.backends.kernel import _pythonpath
 from gpujail.fixtures import drivers
 from gpujail.spec import start_timeout
 
@@ -86,7 +86,7 @@ def precondition() -> str | None:
 
 
 @dataclass
-class Node(kernel.Node):
+class Node(BaseNode):
     """One worker node: one container. Create through `Fleet.start`."""
     fleet: Fleet | None = field(default=None, repr=False)
     container: object = field(default=None, repr=False)
@@ -117,7 +117,7 @@ class Node(kernel.Node):
         try:
             container = fleet.client.containers.run(
                 fleet.image, argv or [], entrypoint=[PYTHON, "-S", "-m", "gpujail.backends.node", json.dumps(cfg)],
-                environment=env or {"PYTHONPATH": _pythonpath(), "LANG": "C.UTF-8"},
+                environment=env or {"PYTHONPATH": pythonpath(), "LANG": "C.UTF-8"},
                 working_dir=str(self.jail) if argv else "/", name=name, detach=True, auto_remove=True,
                 labels={LABEL: fleet.id}, mounts=mounts, network_mode="none", cap_add=["SYS_ADMIN"],
                 security_opt=["seccomp=unconfined", "apparmor=unconfined"])
@@ -195,7 +195,7 @@ class Node(kernel.Node):
             raise RuntimeError(f"node {self.node_id}: {op}: {reply['error']}")
         return reply
 
-    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None) -> kernel.RunResult:
+    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None) -> RunResult:
         # The harness's interpreter is the image's: the bundled implementations are `sys.executable -m ...`.
         argv = [PYTHON if word == sys.executable else word for word in argv]
         if self.container is not None or self.killed:
@@ -204,7 +204,7 @@ class Node(kernel.Node):
         r = self._read()   # the agent's report of the container's command
         if "error" in r:
             raise RuntimeError(f"node {self.node_id}: run: {r['error']}")
-        return kernel.RunResult(r["code"], r["stdout"], r["stderr"], r["duration"])
+        return RunResult(r["code"], r["stdout"], r["stderr"], r["duration"])
 
     def contract_env(self, capabilities: str = "compute,utility", extra: dict | None = None) -> dict[str, str]:
         env = super().contract_env(capabilities, extra)
@@ -264,7 +264,7 @@ def _driver_mounts(version: str) -> list:
             for f in drivers.catalogue(version) if f.on_disk]
 
 
-class Fleet(kernel.Fleet):
+class Fleet(BaseFleet):
     """Containers sharing one jail. Use as a context manager: every container is removed on exit."""
     no_shared_host = "each container's mount namespace is the engine's to make: no node can be a peer of one holder's"
 

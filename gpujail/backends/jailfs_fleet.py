@@ -5,7 +5,7 @@ How this works
 `fleet_class(kernel.Fleet, kind, faults)` is the Fleet the suites use for `--jail-fs KIND` and for
 a scenario's `net_faults`: a subclass whose `recording(...)` provides the file system (jailfs.py
 `provide`) around the fleet's life, starts each node from its own client's mount namespace, and
-runs one thread per fault (`NetFault`, the nemesis), which waits for its trigger (N workers ready),
+runs one nemesis per fault (`NetFault`, an interface.ThreadNemesis), which waits for its trigger (N workers ready),
 injects the fault (kill the brick, add latency, lose a node's client), records `jailfs.fault` in
 the history, holds it, clears it and records `jailfs.clear`. While a fault keeps the jail
 unreachable a node cannot be set up: it is set up again once the fault clears, as an
@@ -14,11 +14,13 @@ joins the fleet's `leftovers()` (INV-6).
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
 
 from gpujail.backends.fs_processes import CALL_TIMEOUT
+from gpujail.backends.interface import ThreadNemesis
 from gpujail.backends.jailfs import NetFault, provide
 
 # The suites' nodes revalidate at every lookup: a file another node removed is then detached at the
@@ -42,10 +44,11 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             self._fs_cm = provide(kind, self.env_run_dir(), self.jail, cache_timeout=CHAOS_CACHE_TIMEOUT)
             self.jailfs = self._fs_cm.__enter__()
             self._stop, self._faulty = threading.Event(), threading.Event()
-            self._inject_errors: list[str] = []   # a fault injector never dies in silence: raised at __exit__
-            self._nemesis = [threading.Thread(target=self._inject_or_say, args=(f,), daemon=True) for f in faults]
-            for t in self._nemesis:
-                t.start()
+            # one nemesis per fault (interface.ThreadNemesis): an injector never dies in silence, raised at __exit__
+            self._nemesis = [ThreadNemesis(f"the {f.fault} fault's injector", functools.partial(self._inject, f),
+                                           daemon=True) for f in faults]
+            for n in self._nemesis:
+                n.start()
             return super().__enter__()
 
         def start(self, node_id: str, *args, **kw):
@@ -68,13 +71,6 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             hist = self.env.get(history.ENV)
             return Path(hist).parent if hist else self.jail.parent
 
-        def _inject_or_say(self, f: NetFault) -> None:
-            try:
-                self._inject(f)
-            except Exception as e:
-                self._faulty.clear()
-                self._inject_errors.append(f"the {f.fault} fault's injector failed: {e!r}")
-
         def _inject(self, f: NetFault) -> None:
             from gpujail.world import history
             hist = self.env.get(history.ENV)
@@ -89,22 +85,24 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
                 return
             fs = self.jailfs
             self._faulty.set()
-            began = time.monotonic()   # the fault acts from here on, before its event is written
-            if f.fault == "kill-brick":
-                pids = fs.kill_brick()
-            elif f.fault == "latency":
-                fs.set_latency(f.ms)
-                pids = []
-            else:
-                pids = fs.lose_client(f.worker)
-            log("jailfs.fault", fault=f.fault, worker=f.worker, pids=pids, began=began)
-            self._stop.wait(f.hold)
-            if f.fault == "kill-brick":
-                fs.restart_brick()
-            elif f.fault == "latency":
-                fs.set_latency(0)
-            log("jailfs.clear", fault=f.fault, worker=f.worker)
-            self._faulty.clear()
+            try:
+                began = time.monotonic()   # the fault acts from here on, before its event is written
+                if f.fault == "kill-brick":
+                    pids = fs.kill_brick()
+                elif f.fault == "latency":
+                    fs.set_latency(f.ms)
+                    pids = []
+                else:
+                    pids = fs.lose_client(f.worker)
+                log("jailfs.fault", fault=f.fault, worker=f.worker, pids=pids, began=began)
+                self._stop.wait(f.hold)
+                if f.fault == "kill-brick":
+                    fs.restart_brick()
+                elif f.fault == "latency":
+                    fs.set_latency(0)
+                log("jailfs.clear", fault=f.fault, worker=f.worker)
+            finally:
+                self._faulty.clear()
 
         def leftovers(self) -> list[str]:
             return super().leftovers() + self._fs_left
@@ -114,13 +112,14 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             try:
                 super().__exit__(*exc)
             finally:
-                for t in self._nemesis:
-                    t.join(timeout=CALL_TIMEOUT)
+                for n in self._nemesis:
+                    n.stop(timeout=CALL_TIMEOUT)
                 fs = self.jailfs
                 self._fs_cm.__exit__(*exc)
                 self._fs_left = fs.leftovers()
-            if self._inject_errors and exc[0] is None:   # a run whose faults were never injected proves nothing
-                raise RuntimeError("; ".join(self._inject_errors))
+            failed = [f"{n.name} failed: {n.error!r}" for n in self._nemesis if n.error is not None]
+            if failed and exc[0] is None:   # a run whose faults were never injected proves nothing
+                raise RuntimeError("; ".join(failed))
 
         _fs_left: list[str] = []
 

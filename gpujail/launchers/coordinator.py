@@ -2,7 +2,7 @@
 
 How this works
 --------------
-`Fleet` and `AgentNode` have the kernel backend's interface (gpujail/backends/kernel.py), so the
+`Fleet` and `AgentNode` have the backends' interface (gpujail/backends/interface.py), so the
 chaos runner, the contract and the suites drive agents on other machines unchanged. Entering the
 fleet (`with fleet_class.recording(jail, DIR, seed) as fleet`):
 
@@ -44,8 +44,9 @@ import time
 from pathlib import Path
 
 from gpujail import launchers
-from gpujail.backends import kernel
+from gpujail.backends.base import BaseFleet, BaseNode
 from gpujail.backends.file_channel import FileChannel
+from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.spec import DEFAULT_WORKERS, EXIT
 from gpujail.world import history
 
@@ -159,8 +160,8 @@ class RemoteAgent:
                       "measured_offset": measured, "uncertainty": uncertainty, "offset": 0.0 if same else measured}
 
 
-class AgentNode(kernel.Node):
-    """A node held by an agent: the kernel Node's requests, sent as files."""
+class AgentNode(BaseNode):
+    """A node held by an agent: the nodes' requests (base.BaseNode), sent as files."""
     agent: RemoteAgent
     key: str
     up: bool = False
@@ -195,7 +196,7 @@ class AgentNode(kernel.Node):
                 pass
 
 
-class Fleet(kernel.Fleet):
+class Fleet(BaseFleet):
     """Nodes in agents started by `launcher` (set by `launchers.fleet_class`)."""
     no_shared_host = "nodes made by a launcher's agents are on their own hosts: none is a peer of the harness's holder"
     launcher_name = "local"
@@ -256,7 +257,7 @@ class Fleet(kernel.Fleet):
             n += 1
             self._beat(n)
 
-    def start(self, node_id: str, role: str = "gpu-worker", version: str | None = kernel.drivers.DEFAULT_VERSION,
+    def start(self, node_id: str, role: str = "gpu-worker", version: str | None = DEFAULT_VERSION,
               **options) -> AgentNode:
         with self._lock:
             index = self._assigned.setdefault(node_id, len(self._assigned) % len(self.agents))
