@@ -197,28 +197,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             raise RuntimeError(f"scenario {scenario.name} needs a shared host mount, but {why}")
         fleet_class = shared_host.on_shared_host(fleet_class)
     with fleet_class.recording(jail, run_dir, seed) as fleet:
-        if scenario.reused_jail:
-            nemesis.dress_as_reused(jail)
-        if scenario.warm:
-            warm = start_worker(fleet, "prewarm", impl, capabilities=scenario.capabilities,
-                                node_options={"layout": scenario.layout})
-            if not warm.ready:
-                raise RuntimeError(f"warming the jail failed: {warm.attempts[-1].error_line}")
-            files = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities, scenario.layout, cdi("prewarm"))
-            probe("prewarm", warm, files)   # its ready span is judged like any other: it needs evidence
-            log("chaos.kill", worker="prewarm", barrier="")   # ends its ready span; no barrier: no fault
-            warm.node.kill()
-        if scenario.populate_cleanup:
-            nemesis.populate_job(fleet, jail, impl)
-        old = None
-        if scenario.upgraded_jail:
-            # A jail brought up before the fix: a legacy worker's 0-byte placeholders, with its
-            # live mounts on them for the whole run (REF-3).
-            old = start_worker(fleet, "old", "legacy", capabilities=scenario.capabilities)
-            if not old.ready:
-                raise RuntimeError(f"bringing the jail up with legacy failed: {old.attempts[-1].error_line}")
-        if scenario.cuda_image:
-            jail_image.plant_cuda_image(jail)
+        old = _bring_up(scenario, fleet, jail, impl, log, probe, cdi("prewarm"))
         outside = run_dir / "outside"   # a directory outside the jail that hostile links point at
         outside.mkdir(exist_ok=True)
         for link, target in scenario.hostile_links.items():
@@ -236,28 +215,7 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             versions.update({n: scenario.ldconfig.get("version", DEFAULT_VERSION) for n in nemesis_names})
         log("chaos.begin", scenario=scenario.name, impl=impl, impls=scenario.impls, seed=seed, schedule=schedule,
             versions=versions, windows=list(scenario.windows))
-        def armed(w: str, spec: str, prefix: str = "", **fields) -> None:
-            """One chaos.fault event per `NAME=TERM` of a worker's spec (the nemesis's plan)."""
-            for entry in spec.split(";"):
-                failpoint, _, term = entry.partition("=")
-                log("chaos.fault", worker=w, failpoint=prefix + failpoint, term=term, **fields)
-
-        for w, spec in schedule.items():
-            armed(w, spec)
-        restarts = scenario.restart_schedule()
-        for w, by_attempt in restarts.items():
-            for attempt, spec in by_attempt.items():
-                armed(w, spec, start=attempt + 1)
-        # Syscall faults: the worker's CLI runs under strace --inject (fixtures/syscall_faults.py).
-        syscalls = scenario.syscall_schedule()
-        if syscalls and syscall_faults.unavailable():
-            raise RuntimeError(f"scenario {scenario.name} injects syscall faults, but {syscall_faults.unavailable()}")
-        for w, spec in syscalls.items():
-            armed(w, spec, SYSCALL)
-        first_env = {w: {"GPUJAIL_FAILPOINTS": spec} for w, spec in schedule.items()}
-        for w, spec in syscalls.items():
-            first_env.setdefault(w, {})[syscall_faults.ENV] = spec
-
+        restarts, first_env = _arm(scenario, schedule, log)
         errors: dict[str, Exception] = {}
         contract = {"GPUJAIL_LOCK_TIMEOUT": str(scenario.lock_timeout)}
         if scenario.jail_symlink:   # the jail by another name: a link beside it (the run directory is in every node)
@@ -378,23 +336,84 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
             probe(name, worker, files_for(versions[name], name))
         log("chaos.end")
         after = jail_image.snapshot(jail)
-    mounts, procs = host_residue(str(jail), str(run_dir / "barriers"))
+    final_state = {"jail": str(jail), "transient_only": scenario.transient_only, "max_restarts": scenario.max_restarts,
+                   "jail_before": before, "jail_after": after, "planted": planted, "temp_dirs": [],
+                   "outside_changes": sorted(str(p) for p in outside.rglob("*"))}
+    return _judge(ChaosRun(scenario, impl, seed, run_dir, None, workers), fleet, final_state)
+
+
+def _judge(result: ChaosRun, fleet, final_state: dict) -> ChaosRun:
+    """After the fleet is gone (step 5): what it left on the host (mounts, processes, containers),
+    the final state written beside the history, and the checker's verdict, its fault windows and
+    the cells of the fault table it exercised; a violation's timeline drawn."""
+    mounts, procs = host_residue(final_state["jail"], str(result.run_dir / "barriers"))
     mounts += [f"{p} (through the shared mount)" for p in getattr(fleet, "host_mounts", [])]
     procs += [f"container {name}" for name in fleet.leftovers()]
-    outside_changes = sorted(str(p) for p in outside.rglob("*"))
-    final_state = {"jail": str(jail), "transient_only": scenario.transient_only, "max_restarts": scenario.max_restarts,
-                   "jail_before": before, "jail_after": after, "outside_changes": outside_changes, "host_mounts": mounts,
-                   "processes": procs, "temp_dirs": [], "planted": planted}
-    (run_dir / "final_state.json").write_text(json.dumps(final_state, default=list))
-    events = history.load(hist)
-    verdict = checker.check(events, final_state)
+    final_state.update(host_mounts=mounts, processes=procs)
+    (result.run_dir / "final_state.json").write_text(json.dumps(final_state, default=list))
+    events = history.load(str(result.history_path))
+    result.verdict = checker.check(events, final_state)
     run_view = checker.Run(events, final_state)
-    result = ChaosRun(scenario, impl, seed, run_dir, verdict, workers,
-                      windows={w: fault_windows.opened(w, run_view) for w in scenario.windows},
-                      cells=fault_cells.exercised(run_view))
-    if verdict.valid is not True:
-        result.timeline = timeline.render(events, verdict, run_dir / "timeline.html")
+    result.windows = {w: fault_windows.opened(w, run_view) for w in result.scenario.windows}
+    result.cells = fault_cells.exercised(run_view)
+    if result.verdict.valid is not True:
+        result.timeline = timeline.render(events, result.verdict, result.run_dir / "timeline.html")
     return result
+
+
+def _bring_up(scenario: Scenario, fleet, jail: Path, impl: str, log, probe, prewarm_cdi: bool) -> Worker | None:
+    """The jail as the scenario has it before its workers start (step 1): dressed as a reused jail,
+    warmed by one worker (then killed, which ends its ready span), cleaned by the populate-jail job,
+    brought up before the fix by a legacy worker (returned: its 0-byte placeholders and its live
+    mounts on them stay for the whole run, REF-3), a CUDA image planted."""
+    if scenario.reused_jail:
+        nemesis.dress_as_reused(jail)
+    if scenario.warm:
+        warm = start_worker(fleet, "prewarm", impl, capabilities=scenario.capabilities,
+                            node_options={"layout": scenario.layout})
+        if not warm.ready:
+            raise RuntimeError(f"warming the jail failed: {warm.attempts[-1].error_line}")
+        files = gpu_files(jail, DEFAULT_VERSION, scenario.capabilities, scenario.layout, prewarm_cdi)
+        probe("prewarm", warm, files)   # its ready span is judged like any other: it needs evidence
+        log("chaos.kill", worker="prewarm", barrier="")   # ends its ready span; no barrier: no fault
+        warm.node.kill()
+    if scenario.populate_cleanup:
+        nemesis.populate_job(fleet, jail, impl)
+    old = None
+    if scenario.upgraded_jail:
+        old = start_worker(fleet, "old", "legacy", capabilities=scenario.capabilities)
+        if not old.ready:
+            raise RuntimeError(f"bringing the jail up with legacy failed: {old.attempts[-1].error_line}")
+    if scenario.cuda_image:
+        jail_image.plant_cuda_image(jail)
+    return old
+
+
+def _arm(scenario: Scenario, schedule: dict[str, str], log) -> tuple[dict, dict]:
+    """The faults each worker's own starts carry (step 2), each `NAME=TERM` recorded as one
+    chaos.fault event: its first start's failpoint terms (`schedule`) and syscall faults (its CLI
+    under strace --inject, fixtures/syscall_faults.py), and its restarts' failpoint terms. Returns
+    the restarts' terms by worker and attempt, and each worker's first-start environment."""
+    def armed(w: str, spec: str, prefix: str = "", **fields) -> None:
+        for entry in spec.split(";"):
+            failpoint, _, term = entry.partition("=")
+            log("chaos.fault", worker=w, failpoint=prefix + failpoint, term=term, **fields)
+
+    for w, spec in schedule.items():
+        armed(w, spec)
+    restarts = scenario.restart_schedule()
+    for w, by_attempt in restarts.items():
+        for attempt, spec in by_attempt.items():
+            armed(w, spec, start=attempt + 1)
+    syscalls = scenario.syscall_schedule()
+    if syscalls and syscall_faults.unavailable():
+        raise RuntimeError(f"scenario {scenario.name} injects syscall faults, but {syscall_faults.unavailable()}")
+    for w, spec in syscalls.items():
+        armed(w, spec, SYSCALL)
+    first_env = {w: {"GPUJAIL_FAILPOINTS": spec} for w, spec in schedule.items()}
+    for w, spec in syscalls.items():
+        first_env.setdefault(w, {})[syscall_faults.ENV] = spec
+    return restarts, first_env
 
 
 def steps_estimate(scenario: Scenario) -> int:
