@@ -31,10 +31,8 @@ from gpujail.conformance.helpers import (
     start_all,
     stub_cli,
 )
-from gpujail.fixtures import drivers
+from gpujail.fixtures import BIN, drivers
 from gpujail.fixtures import jail as jail_image
-
-from gpujail.backends import kernel
 
 pytestmark = pytest.mark.kernel
 LOCK = "etc/complement_jail_gpu_placeholders.lock"
@@ -146,7 +144,7 @@ def test_other_distributions_libraries_get_markers_where_the_cli_mounts(world, i
         import json
 
         from gpujail.backends.probes import problems
-        r = w.node.run([str(kernel.BIN / "nvidia-ctk"), "cdi", "generate", "--format=json"])
+        r = w.node.run([str(BIN / "nvidia-ctk"), "cdi", "generate", "--format=json"])
         libs = [m for m in json.loads(r.stdout)["containerEdits"]["mounts"] if ".so." in m["containerPath"]]
         assert libs, f"the fake `nvidia-ctk cdi generate` named no library on the {layout} host: {r.stderr}"
         got = w.node.probe([{"path": f"{world.jail}{m['containerPath']}", "host": m["hostPath"], "load": True} for m in libs])
@@ -488,7 +486,7 @@ def test_placeholder_sized_mount_is_rejected(world, tmp_path):
     """A mount that shows placeholder-sized content by path (here: a 26-byte file bound over libcuda
     after a successful configure) fails verification. (Not NVML: the soname check, REF-8, would
     catch that one too and hide an implementation that verifies by existence only.)"""
-    snippet = (f'"{kernel.BIN / "nvidia-container-cli"}" "$@" || exit $?; '
+    snippet = (f'"{BIN / "nvidia-container-cli"}" "$@" || exit $?; '
                'printf "nvidia-placeholder-marker\\n" > /run/small; '
                f'mount --bind /run/small "$GPUJAIL_JAIL/{CUDA}"; exit 0')
     w = world.start("w", env=stub_cli(tmp_path, configure=snippet))
