@@ -27,7 +27,6 @@ from pathlib import Path
 
 from gpujail.benchmarks.measure import Row, median
 from gpujail.chaos import runner, scenario
-
 from gpujail.world import history
 
 # -- seed bug ---------------------------------------------------------------------------------------

@@ -17,13 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+from gpujail.backends import kernel
 from gpujail.benchmarks.bug_finding import first_violation_s
 from gpujail.benchmarks.measure import Row, median, ms, ratio, start_many
 from gpujail.chaos import runner, scenario
-from gpujail.fixtures.jail import make_jail
-
-from gpujail.backends import kernel
 from gpujail.contract import start_worker
+from gpujail.fixtures.jail import make_jail
 
 
 def qualify(tmp: Path, quick: bool) -> tuple[list[Row], dict]:

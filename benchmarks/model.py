@@ -10,10 +10,9 @@ import statistics
 import sys
 import time
 
+from gpujail.backends.model import ModelWorld
 from gpujail.chaos import explore
 from gpujail.reference_impl import in_process
-
-from gpujail.backends.model import ModelWorld
 
 
 def steps_per_second(repeats: int) -> dict:

@@ -61,14 +61,13 @@ import time
 import traceback
 from pathlib import Path
 
+from gpujail.backends import kernel
 from gpujail.benchmarks.bug_finding import cdi, cluster_faults, real_reports, runs_to_detection, schedules, seed_bug, windows
 from gpujail.benchmarks.jail_filesystems import jail_fs, qualify
 from gpujail.benchmarks.measure import Row
 from gpujail.benchmarks.start_costs import cli_startup, start_parts
 from gpujail.benchmarks.start_rates import docker, launchers, paths, starts
 from gpujail.benchmarks.suite_runs import memory, model, suites
-
-from gpujail.backends import kernel
 from gpujail.spec import EXIT
 
 FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "cluster-faults": cluster_faults, "cdi": cdi,

@@ -17,11 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from gpujail.benchmarks.measure import Row, machine_cpu, median, ms, ratio, start_many
-from gpujail.fixtures.jail import make_jail
-
 from gpujail.backends import kernel
+from gpujail.benchmarks.measure import Row, machine_cpu, median, ms, ratio, start_many
 from gpujail.contract import start_worker
+from gpujail.fixtures.jail import make_jail
 
 FORKED_LOOP = """
 import sys

@@ -20,12 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+from gpujail.backends import kernel
 from gpujail.benchmarks.measure import Row, machine_cpu, median, ms, quiet, ratio, start_many, start_steadily
+from gpujail.contract import start_worker
 from gpujail.fixtures.jail import make_jail
 from gpujail.reference_impl.core import LOCK
-
-from gpujail.backends import kernel
-from gpujail.contract import start_worker
 from gpujail.spec import EXIT
 from gpujail.world import history
 

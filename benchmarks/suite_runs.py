@@ -20,11 +20,10 @@ import threading
 import time
 from pathlib import Path
 
+import gpujail
 import gpujail.chaos
 from gpujail.benchmarks.measure import Row
 from gpujail.chaos import runner, scenario
-
-import gpujail
 
 # The suites' folder (holding chaos/: a checkout's root or site-packages/gpujail), and the checkout
 # when this gpujail runs from one (the self-tests are not installed).

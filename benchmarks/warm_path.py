@@ -9,7 +9,6 @@ import sys
 import time
 
 from gpujail.reference_impl import core
-
 from gpujail.world.sysops import RealSys
 
 

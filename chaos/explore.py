@@ -30,13 +30,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-from gpujail.chaos import checker
-from gpujail.reference_impl import in_process
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from gpujail.backends.model import SMALL_DRIVER, ModelWorld
+from gpujail.chaos import checker
+from gpujail.reference_impl import in_process
 from gpujail.world import failpoints
 
 ACTIONS = ("return(EIO)", "kill")

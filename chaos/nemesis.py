@@ -28,12 +28,11 @@ import time
 from pathlib import Path
 
 from gpujail.chaos.scenario import HostUpgrade, LockFault, Scenario, SwappedLink
+from gpujail.contract import RestartPolicy, command_for, start_worker
 from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
-
-from gpujail.contract import RestartPolicy, command_for, start_worker
 from gpujail.spec import LOCK
 from gpujail.world import history
 from gpujail.world.failpoints import Barrier

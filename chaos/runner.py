@@ -37,19 +37,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpujail.backends import interface, kernel, shared_host
+from gpujail.backends.probes import cdi_mode, compat_files, gpu_files, lookup_files, soname_files, unanswered
 from gpujail.chaos import checker, nemesis, timeline
 from gpujail.chaos.checkers import cells as fault_cells
 from gpujail.chaos.checkers import windows as fault_windows
 from gpujail.chaos.checkers.content import NOBODY_READY
 from gpujail.chaos.scenario import SYSCALL, Scenario
+from gpujail.contract import RestartPolicy, Worker, start_worker
 from gpujail.fixtures import jail as jail_image
 from gpujail.fixtures import syscall_faults
 from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
-
-from gpujail.backends import interface, kernel, shared_host
-from gpujail.backends.probes import cdi_mode, compat_files, gpu_files, lookup_files, soname_files, unanswered
-from gpujail.contract import RestartPolicy, Worker, start_worker
 from gpujail.world import history
 from gpujail.world import schedule as schedule_plan
 from gpujail.world.failpoints import Barrier, failing_hits

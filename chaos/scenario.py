@@ -78,7 +78,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujail.fixtures import syscall_faults
-
 from gpujail.spec import DEFAULT_WORKERS
 from gpujail.world.failpoints import REGISTRY
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from gpujail.chaos import explore
-from gpujail.reference_impl import in_process
 from hypothesis import given, seed
 
+from gpujail.chaos import explore
 from gpujail.options import option
+from gpujail.reference_impl import in_process
 from gpujail.world import history
 from gpujail.world.failpoints import REGISTRY
 

@@ -8,10 +8,10 @@ acted; a run that breaks an invariant fails whether or not its cell was reached.
 from __future__ import annotations
 
 import pytest
+
 from gpujail.chaos import fault_table, runner
 from gpujail.chaos.checkers.cells import cell_id
 from gpujail.chaos.test_scenarios import verdict
-
 from gpujail.options import option
 
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-4", "INV-5", "INV-6")]

@@ -10,10 +10,10 @@ provide the file system the test skips with the reason.
 from __future__ import annotations
 
 import pytest
-from gpujail.chaos import runner, scenario
-from gpujail.chaos.test_scenarios import verdict
 
 from gpujail.backends import jailfs, jailfs_fleet, kernel
+from gpujail.chaos import runner, scenario
+from gpujail.chaos.test_scenarios import verdict
 from gpujail.options import option
 
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-5", "INV-6")]
@@ -38,7 +38,6 @@ def k2_reading(result) -> str:
 
     from gpujail.chaos import checker
     from gpujail.chaos.checkers import network
-
     from gpujail.world import history
     lost = result.verdict.results.get("INV-1")
     if lost is None or not lost.violations:

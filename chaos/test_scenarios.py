@@ -13,11 +13,11 @@ Scenarios marked `scale = true` (128 workers) run only when asked for: `-m scale
 from __future__ import annotations
 
 import pytest
+
+from gpujail.backends import shared_host
 from gpujail.chaos import runner, scenario
 from gpujail.chaos.checkers.results import Inconclusive
 from gpujail.fixtures import syscall_faults
-
-from gpujail.backends import shared_host
 from gpujail.options import option
 
 RANDOM_SEEDS = 3

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
-from gpujail.fixtures import BIN
-from gpujail.fixtures import jail as jail_image
 
 from gpujail.backends.probes import CDI_MODE, cdi_mode, gpu_files, problems  # noqa: F401 (CDI_MODE: the suites import it from here)
 from gpujail.contract import BUNDLED
+from gpujail.fixtures import BIN
+from gpujail.fixtures import jail as jail_image
 from gpujail.spec import PLACEHOLDER_MAX
 from gpujail.world.failpoints import Barrier
 

@@ -17,6 +17,8 @@ import os
 import stat
 
 import pytest
+
+from gpujail.backends.probes import lookup_files, problems, soname_files
 from gpujail.conformance.helpers import (
     CDI_MODE,
     changes,
@@ -32,8 +34,6 @@ from gpujail.conformance.helpers import (
 )
 from gpujail.fixtures import BIN, cdi_spec, drivers
 from gpujail.fixtures import jail as jail_image
-
-from gpujail.backends.probes import lookup_files, problems, soname_files
 from gpujail.spec import FLAG, LDCONFIG_LOCK, LOCK
 
 pytestmark = pytest.mark.kernel

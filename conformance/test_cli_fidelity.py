@@ -19,11 +19,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from gpujail.backends.probes import gpu_files
 from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 from gpujail.fixtures.nvc_info import gpu_uuid
-
-from gpujail.backends.probes import gpu_files
 from gpujail.world.failpoints import REGISTRY, Barrier
 
 # Harness self-checks: run first, once per host and code version, and never counted for or against

@@ -10,6 +10,8 @@ import threading
 import time
 
 import pytest
+
+from gpujail.backends.probes import soname_files
 from gpujail.conformance.helpers import (
     MARKER_MAX,
     became_ready,
@@ -22,11 +24,9 @@ from gpujail.conformance.helpers import (
     paused_at,
     soname_broken,
 )
+from gpujail.contract import BUNDLED, command_for
 from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
-
-from gpujail.backends.probes import soname_files
-from gpujail.contract import BUNDLED, command_for
 from gpujail.world.failpoints import Barrier
 
 pytestmark = pytest.mark.kernel

@@ -16,6 +16,7 @@ import shutil
 import struct
 
 import pytest
+
 from gpujail.conformance.helpers import not_ready, soname_broken
 from gpujail.fixtures import drivers, elf
 

@@ -14,6 +14,7 @@ check the substance:
 from __future__ import annotations
 
 import pytest
+
 from gpujail.conformance.helpers import became_ready
 
 pytestmark = pytest.mark.kernel

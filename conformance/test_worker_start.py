@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+
 from gpujail.conformance.helpers import (
     MARKER_MAX,
     became_ready,

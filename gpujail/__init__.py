@@ -2,17 +2,15 @@
 
 Everything installed lives under this one namespace (docs/architecture.md has the layers). In the
 repository, the suites, the implementations and the fixtures keep the top-level folders their users
-know (conformance/, chaos/, reference_impl/, fixtures/, benchmarks/, expectations/); pyproject's
-package-dir maps them to gpujail.conformance, gpujail.chaos, ... at install time. Run from a source
-checkout without that mapping (worker starts use `python -S`, which skips the editable install's
-finder), the same names resolve through this package's search path, extended below.
+know (conformance/, chaos/, reference_impl/, fixtures/, benchmarks/, expectations/); each has a
+relative symlink here (gpujail/conformance -> ../conformance, ...), so a checkout is the installed
+package's tree: `gpujail.conformance` is the same module whether imported from a checkout (worker
+starts use `python -S`, which skips an editable install's finder), an editable install or a wheel,
+and a tool that walks the tree (import-linter, farm-studio) sees every folder in its layer.
 """
 import os
 
-_here = os.path.dirname(os.path.realpath(__file__))
-_root = os.path.dirname(_here)   # the directory `gpujail` is imported from (a checkout, or site-packages)
-if not os.path.isdir(os.path.join(_here, "conformance")) and os.path.isfile(os.path.join(_root, "conformance", "__init__.py")):
-    __path__.append(_root)   # noqa: F821 (a package's own __path__)
+_root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))   # where `gpujail` is imported from
 
 
 def __getattr__(name: str):

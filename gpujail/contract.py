@@ -35,7 +35,7 @@ BUNDLED = {
     "direct": [sys.executable, "-S", "-m", "gpujail.reference_impl", "direct"],
     "cdi-naive": [sys.executable, "-S", "-m", "gpujail.reference_impl", "cdi-naive"],
     "cdi": [sys.executable, "-S", "-m", "gpujail.reference_impl", "cdi"],
-    "example-shell": ["sh", str(Path(reference_impl.__file__).parent / "example.sh")],
+    "example-shell": ["sh", str(Path(reference_impl.__file__).resolve().parent / "example.sh")],
 }
 
 

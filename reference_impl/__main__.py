@@ -13,7 +13,6 @@ import sys
 from collections.abc import Mapping
 
 from gpujail.reference_impl import cdi, core, direct, legacy, reference
-
 from gpujail.spec import IMPL_EXIT
 from gpujail.world import failpoints, history
 from gpujail.world.sysops import RealSys

@@ -31,7 +31,6 @@ import stat
 import subprocess
 
 from gpujail.reference_impl import core, direct, reference
-
 from gpujail.world import failpoints, history
 from gpujail.world.sysops import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, MS_REC
 

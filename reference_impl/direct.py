@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 from gpujail.reference_impl import core, reference
-
 from gpujail.world import failpoints, history
 from gpujail.world.sysops import MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY
 

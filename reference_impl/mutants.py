@@ -27,7 +27,6 @@ from unittest import mock
 
 from gpujail.reference_impl import core as shared_core
 from gpujail.reference_impl import legacy, reference
-
 from gpujail.world import history
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 
 from gpujail.reference_impl import core
-
 from gpujail.world import history
 from gpujail.world.sysops import MS_NODEV, MS_NOSUID, MS_RDONLY
 

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from gpujail.fixtures.jail import make_jail
 
 from gpujail.backends.file_channel import FileChannel
 from gpujail.backends.kernel import precondition
 from gpujail.contract import start_worker
+from gpujail.fixtures.jail import make_jail
 from gpujail.launchers import coordinator, fleet_class, local
 from gpujail.launchers.agent import index_from_env
 from gpujail.world import history

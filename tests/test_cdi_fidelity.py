@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpujail.fixtures import ctk_render, drivers
 
+from gpujail.fixtures import ctk_render, drivers
 from gpujail.world import history
 
 # The fakes under test: fixtures/bin, or (scripts/oracle-killmatrix --group cdi-fakes) wrappers of them

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from gpujail.fixtures import cdi_spec, drivers
 
 from gpujail.backends import probes
+from gpujail.fixtures import cdi_spec, drivers
 
 VERSION = drivers.DEFAULT_VERSION
 CAPS = "compute,utility,compat32"

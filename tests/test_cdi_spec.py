@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpujail.fixtures import BIN, cdi_spec, ctk_render, drivers, elf
 
 from gpujail import options
 from gpujail.backends import kernel, probes
+from gpujail.fixtures import BIN, cdi_spec, ctk_render, drivers, elf
 from gpujail.spec import EXIT
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,9 +7,9 @@ no cleanup; legacy takes no lock) are shown here against the mutant that has the
 from __future__ import annotations
 
 import pytest
-from gpujail.chaos import runner, scenario
 
 from gpujail.backends import kernel, shared_host
+from gpujail.chaos import runner, scenario
 
 pytestmark = pytest.mark.kernel
 

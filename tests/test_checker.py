@@ -13,9 +13,9 @@ import random
 import stat
 
 import pytest
+
 from gpujail.chaos import checker
 from gpujail.chaos.checker import UNKNOWN, InvariantResult, Violation, check, same_file
-
 from gpujail.spec import EXIT
 
 JAIL = "/srv/jail"

@@ -20,12 +20,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from gpujail.chaos import scenario
 from test_checker import good_final, good_run
 from test_timeline import seed_bug
 
 from gpujail import backends, cli, report, report_page
 from gpujail.backends import kernel
+from gpujail.chaos import scenario
 from gpujail.commands import progress, scenarios
 from gpujail.commands import run as running
 from gpujail.options import OPTIONS

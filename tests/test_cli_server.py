@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpujail.fixtures.jail import make_jail
 
 from gpujail.backends import cli_server, kernel
+from gpujail.fixtures.jail import make_jail
 from gpujail.world import history
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from gpujail.chaos.nemesis import dress_as_reused
-from gpujail.reference_impl import core
 
+from gpujail.chaos.nemesis import dress_as_reused
 from gpujail.contract import RestartPolicy, UnknownImplementation, command_for, start_worker
+from gpujail.reference_impl import core
 from gpujail.world import history
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from gpujail.fixtures.jail import make_jail
 
 from gpujail.backends import docker_backend, docker_image
 from gpujail.backends.probes import gpu_files, problems
 from gpujail.contract import RestartPolicy, start_worker
+from gpujail.fixtures.jail import make_jail
 from gpujail.world.failpoints import Barrier
 
 pytestmark = pytest.mark.skipif(docker_backend.precondition() is not None,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+
 from gpujail.fixtures import drivers, elf, nvc_info
 from gpujail.fixtures.drivers import LIB32, LIB64, VERSIONS, catalogue, materialise, tree_path
 from gpujail.fixtures.jail import find_ldconfig

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpujail.fixtures.elf import executable_script, read_soname, shared_object
 
 VERSION = "550.54.15"

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpujail.chaos import runner, scenario
 from test_checker import good_run
 
 from gpujail.backends import kernel
+from gpujail.chaos import runner, scenario
 from gpujail.world import events, history
 from gpujail.world.events import KINDS, EventError
 

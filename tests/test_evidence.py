@@ -12,12 +12,12 @@ import shutil
 import subprocess
 
 import pytest
-from gpujail.chaos.checker import UNKNOWN, check, ready_spans
-from gpujail.chaos.checkers.queries import Run
-from gpujail.chaos.checkers.windows import opened
 from test_checker import CUDA, FILES, NVML, History, good_final, good_run, statuses
 
 from gpujail import options
+from gpujail.chaos.checker import UNKNOWN, check, ready_spans
+from gpujail.chaos.checkers.queries import Run
+from gpujail.chaos.checkers.windows import opened
 from gpujail.commands import run as running
 
 FILES_ASKED = len(FILES)
@@ -128,7 +128,6 @@ def test_an_ldconfig_opens_no_window_on_its_own_node():
 @pytest.mark.kernel
 def test_the_runner_ends_the_prewarm_span_at_its_kill_and_probes_it(tmp_path):
     from gpujail.chaos import runner, scenario
-
     from gpujail.world import history
     result = runner.run(scenario.Scenario(name="warm", gpu_workers=1, warm=True), "reference", tmp_path / "run")
     run = Run(history.load(str(result.history_path)), None)
@@ -143,11 +142,10 @@ def test_a_harness_thread_that_dies_fails_the_run_loudly(tmp_path, monkeypatch):
     """The barrier keeper and a network-fault injector run in threads of the harness; one that died
     (a history record cut in mid-write once killed the injector) left a run whose faults never came,
     reported at best as INCONCLUSIVE. Now the run itself fails, naming the thread and its error."""
-    from gpujail.chaos import nemesis, runner, scenario
-    from gpujail.fixtures.jail import make_jail
-
     from gpujail.backends import jailfs_fleet, kernel
     from gpujail.backends.jailfs import NetFault
+    from gpujail.chaos import nemesis, runner, scenario
+    from gpujail.fixtures.jail import make_jail
     from gpujail.world import history
 
     def broken(*args, **kwargs):

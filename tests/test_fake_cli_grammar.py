@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from gpujail.fixtures.cli_args import CONFIGURE_OPTIONS, GLOBAL_OPTIONS, LIST_OPTIONS, PROG, Usage, argp_parse
 
 REPO = Path(__file__).resolve().parents[1]

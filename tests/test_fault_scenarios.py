@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 import pytest
+
 from gpujail.chaos import nemesis, scenario
 from gpujail.chaos.checkers.hygiene import check_hygiene
 from gpujail.chaos.checkers.queries import Run
 from gpujail.chaos.checkers.windows import opened
 from gpujail.chaos.scenario import LockFault, ScenarioError, SwappedLink
-
 from gpujail.spec import LOCK
 from gpujail.world import failpoints, history
 from gpujail.world.failpoints import Barrier, FailpointSpecError, parse

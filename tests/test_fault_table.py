@@ -3,10 +3,10 @@ history exercised are read right (chaos/fault_table.py, chaos/checkers/cells.py;
 from __future__ import annotations
 
 import pytest
+
 from gpujail.chaos import fault_table
 from gpujail.chaos.checkers import cells
 from gpujail.chaos.checkers.queries import Run
-
 from gpujail.world import failpoints
 
 VERSIONS = {"prewarm": "550.54.15", "w0": "550.54.15", "w1": "550.54.15", "w2": "550.54.15"}

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import stat
 
-from gpujail.chaos.checker import check
 from test_checker import JAIL, REG, good_final, good_run, jail_snapshot, populated
+
+from gpujail.chaos.checker import check
 
 DIR = stat.S_IFDIR | 0o755
 OPTIX = "usr/share/nvidia/nvoptix.bin"

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpujail.fixtures import drivers, elf
 from gpujail.fixtures.jail import LIB64, NCURSES_SCRIPT, REAL_LIB, STUB_ARCHIVES, ldconfig, make_jail, snapshot
 

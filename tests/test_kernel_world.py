@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from gpujail.fixtures import drivers
 from gpujail.fixtures.drivers import LIB32, LIB64, DriverFile, catalogue
 from gpujail.fixtures.jail import make_jail, snapshot
-
 from gpujail.world import history
 from gpujail.world.failpoints import Barrier
 from gpujail.world.sysops import RealSys

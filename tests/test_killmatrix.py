@@ -12,12 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gpujail.conformance
 import pytest
+
+import gpujail.conformance
+from gpujail.backends import kernel
 from gpujail.conformance import killmatrix
 from gpujail.reference_impl import template_mutants
-
-from gpujail.backends import kernel
 from gpujail.spec import EXIT
 
 REF7 = "conformance/test_worker_start.py::test_placeholder_sized_mount_is_rejected"

@@ -118,7 +118,6 @@ def test_a_step_slurm_keeps_queued_is_the_clusters_failure_and_leaves_no_job(tmp
     the agents' deadline the run ends as the cluster's failure (LaunchFailed 'backend', exit 3) with
     srun's line, and the queued job is cancelled: it has no agent that could report its id."""
     from gpujail.fixtures.jail import make_jail
-
     from gpujail.launchers import LaunchFailed, coordinator
     partition = f"gpujail-held-{os.getpid()}"
     node = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True, timeout=30).stdout.split()[0]

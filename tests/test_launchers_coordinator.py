@@ -10,11 +10,11 @@ coordinator writes and the progress line (`HistoryWatch`) reads while the run go
 import time
 
 import pytest
-from gpujail.fixtures.jail import make_jail
 
 from gpujail.backends.kernel import precondition
 from gpujail.commands.progress import HistoryWatch
 from gpujail.contract import RestartPolicy, start_worker
+from gpujail.fixtures.jail import make_jail
 from gpujail.launchers import coordinator, fleet_class
 from gpujail.launchers.kubernetes import BadSetting, LaunchFailed
 from gpujail.world import history

@@ -12,10 +12,10 @@ its soname with no lookup at all, which the probe must not mistake for one).
 from __future__ import annotations
 
 import pytest
-from gpujail.fixtures import elf
-from gpujail.fixtures import jail as jail_image
 
 from gpujail.backends import kernel
+from gpujail.fixtures import elf
+from gpujail.fixtures import jail as jail_image
 
 SONAME = "libcacheonly.so.1"
 pytestmark = [pytest.mark.kernel,

@@ -8,10 +8,10 @@ import errno
 import stat
 
 import pytest
-from gpujail.chaos import explore
-from gpujail.reference_impl import in_process
 
 from gpujail.backends.model import JAIL, ModelFS, ModelWorld, loader_view
+from gpujail.chaos import explore
+from gpujail.reference_impl import in_process
 from gpujail.world import history
 
 LIB = "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
@@ -103,9 +103,8 @@ def test_a_killed_lock_holder_releases_its_lock():
 
 def test_a_lock_held_forever_times_out_in_virtual_time():
     """REF-5's bounded wait: when nobody who could release the lock can run, the waiter times out."""
-    from gpujail.reference_impl.core import LOCK
-
     from gpujail.backends.model import Proc, Worker
+    from gpujail.reference_impl.core import LOCK
     world = ModelWorld(in_process("reference"), 1, restarts=0)
     lock = world.fs.add(f"{JAIL}/{LOCK}", stat.S_IFREG | 0o644)
     world.fds[99] = (lock, Proc(Worker(world, 9, "stuck-holder"), ""))
@@ -158,10 +157,9 @@ def test_direct_undo_survives_its_own_mount_detached_by_a_populate_cleanup():
     """`direct` mounting while another node's populate-jail cleanup (REF-9) removes the markers:
     its first mount is detached under it (K-1) and the next bind finds no target. The undo must not
     trip over the mount that is already gone: one `cli-failed`, no mount left behind."""
+    from gpujail.backends.model import SMALL_DRIVER, ModelSys, build
     from gpujail.fixtures.drivers import DEFAULT_VERSION
     from gpujail.reference_impl import core, direct
-
-    from gpujail.backends.model import SMALL_DRIVER, ModelSys, build
     fs = build(DEFAULT_VERSION, SMALL_DRIVER)
     worker, cleanup = ModelWorld.sandbox(fs, 2)
     pairs = [(p, core.target(p)) for p in fs.driver if not p.startswith("/dev/")]

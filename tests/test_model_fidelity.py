@@ -202,9 +202,8 @@ def test_standalone_cli_on_the_model_mounts_where_the_kernel_does(capsys):
     worker's process runs finds that process (its parent) at JAIL/proc/<ppid>, enters its namespace
     and mounts there only; a CLI with no parent in the worker (ppid 0) fails with the kernel's line
     before touching anything."""
-    from gpujail.fixtures import drivers, fake_cli
-
     from gpujail.backends.model import JAIL, SMALL_DRIVER, ModelSys, ModelWorld, Proc, build
+    from gpujail.fixtures import drivers, fake_cli
     version = drivers.DEFAULT_VERSION
     a, b = ModelWorld.sandbox(build(version, SMALL_DRIVER), 2)
     argv = ["configure", "--utility", "--compute", "--no-devbind", "--ldconfig=/usr/bin/true", JAIL]   # no /dev here

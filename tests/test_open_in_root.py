@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from gpujail.fixtures import BIN
 
+from gpujail.fixtures import BIN
 from gpujail.world.sysops import O_PATH, RESOLVE_IN_ROOT, RealSys, open_in_root
 
 pytestmark = pytest.mark.unprivileged

@@ -14,10 +14,11 @@ until the checker learns the rule (docs/oracle-kill-matrix.md has the details).
 """
 from __future__ import annotations
 
+from test_checker import CUDA, GSP, JAIL, NVML, T0, History, good_final, good_run, statuses
+
 from gpujail.chaos.checker import UNKNOWN, check, is_bad
 from gpujail.chaos.checkers import windows
 from gpujail.chaos.checkers.queries import Run
-from test_checker import CUDA, GSP, JAIL, NVML, T0, History, good_final, good_run, statuses
 
 CUT = {"attached": False, "size": None, "error": "Transport endpoint is not connected"}   # ENOTCONN
 

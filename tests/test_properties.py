@@ -25,13 +25,13 @@ import stat
 import tempfile
 
 import pytest
+from hypothesis import HealthCheck, assume, event, example, given, settings
+from hypothesis import strategies as st
+
 from gpujail.fixtures import drivers, nvc_info
 from gpujail.fixtures.cli_args import CONFIGURE_OPTIONS, GLOBAL_OPTIONS, LIST_OPTIONS, CliError, argp_parse
 from gpujail.fixtures.cli_mount import Configure
 from gpujail.reference_impl import core
-from hypothesis import HealthCheck, assume, event, example, given, settings
-from hypothesis import strategies as st
-
 from gpujail.spec import IMPL_EXIT
 from gpujail.world.sysops import RealSys, parse_mountinfo, resolve_in_root
 

@@ -15,8 +15,8 @@ import stat
 import types
 
 import pytest
-from gpujail.reference_impl import core, reference
 
+from gpujail.reference_impl import core, reference
 from gpujail.world import history
 
 JAIL = "/jail"

@@ -17,11 +17,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from gpujail.chaos import checker, timeline
 from test_checker import good_final, good_run
 from test_timeline import seed_bug
 
 from gpujail import report, report_page
+from gpujail.chaos import checker, timeline
 from gpujail.plugin.outcomes import by_requirement
 
 INVS = [f"INV-{i}" for i in range(1, 7)]

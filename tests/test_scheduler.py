@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
-from gpujail.chaos import runner, scenario
 
 from gpujail import cli, options
 from gpujail.backends import kernel
+from gpujail.chaos import runner, scenario
 from gpujail.world import history, schedule
 from gpujail.world.schedule import PCT, Plan, RandomWalk, ScheduleError, Scheduler, parse
 

@@ -17,12 +17,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from gpujail.chaos import runner, scenario
-from gpujail.fixtures import BIN, syscall_faults
-from gpujail.fixtures.syscall_faults import SyscallFaultError, parse, to_strace
 
 from gpujail import options
 from gpujail.backends import kernel
+from gpujail.chaos import runner, scenario
+from gpujail.fixtures import BIN, syscall_faults
+from gpujail.fixtures.syscall_faults import SyscallFaultError, parse, to_strace
 from gpujail.world import history
 from gpujail.world.failpoints import Barrier
 

@@ -10,9 +10,10 @@ import json
 import re
 import xml.etree.ElementTree as ET
 
+from test_checker import JAIL, NVML, History, detached, good_final, good_run
+
 from gpujail.chaos import timeline
 from gpujail.chaos.checker import check
-from test_checker import JAIL, NVML, History, detached, good_final, good_run
 
 NS = {"svg": "http://www.w3.org/2000/svg"}
 SVG = "{http://www.w3.org/2000/svg}"

@@ -16,10 +16,10 @@ import threading
 import time
 
 import pytest
-from gpujail.fixtures.jail import make_jail
 
 from gpujail.backends import warm as warm_paths
 from gpujail.contract import command_for
+from gpujail.fixtures.jail import make_jail
 from gpujail.spec import IMPL_EXIT
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]

@@ -31,7 +31,7 @@ def suites() -> list[str]:
     """The two suites where this gpujail is installed (a checkout's folders, or site-packages)."""
     import gpujail.chaos as chaos
     import gpujail.conformance as conformance
-    return [str(Path(conformance.__file__).parent), str(Path(chaos.__file__).parent)]
+    return [str(Path(conformance.__file__).resolve().parent), str(Path(chaos.__file__).resolve().parent)]
 
 
 def pytest_outcome(code: int, interrupted: bool, report: dict | None) -> str:
