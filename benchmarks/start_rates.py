@@ -24,8 +24,7 @@ from gpujail.backends import kernel
 from gpujail.benchmarks.measure import Row, machine_cpu, median, ms, quiet, ratio, start_many, start_steadily
 from gpujail.contract import start_worker
 from gpujail.fixtures.jail import make_jail
-from gpujail.reference_impl.core import LOCK
-from gpujail.spec import EXIT
+from gpujail.spec import EXIT, LOCK
 from gpujail.world import history
 
 # -- starts per second ---------------------------------------------------------------------------------

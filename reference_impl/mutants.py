@@ -26,7 +26,8 @@ from pathlib import Path
 from unittest import mock
 
 from gpujail.reference_impl import core as shared_core
-from gpujail.reference_impl import legacy, reference
+from gpujail.reference_impl import legacy, mutant_sys, reference
+from gpujail.spec import LOCK
 from gpujail.world import history
 
 
@@ -64,45 +65,12 @@ def _zero_byte_counts_present(core):
     core.is_old_placeholder = lambda st: False
 
 
-class _RenamingMarkers:
-    """A Sys whose new markers are written to a temporary file beside the target and renamed into
-    place, the atomic-write idiom, instead of created exclusively: rename(2) never fails with
-    EEXIST, it replaces whatever is at the target (and detaches other nodes' mounts on it, K-1)."""
-
-    def __init__(self, sysops):
-        self._sys = sysops
-
-    def __getattr__(self, name):
-        return getattr(self._sys, name)
-
-    def write_new_beneath(self, root, rel, data, mode):
-        d, name = os.path.split(rel)
-        tmp = f".{name}.tmp.{os.getpid()}"
-        if not hasattr(self._sys, "_parent_beneath"):   # a Sys without rename (the model's): unlink + create
-            with contextlib.suppress(FileNotFoundError):
-                self._sys.unlink_beneath(root, rel)
-            return self._sys.write_new_beneath(root, rel, data, mode)
-        self._sys.write_new_beneath(root, os.path.join(d, tmp), data, mode)
-        pfd, _ = self._sys._parent_beneath(root, rel)
-        try:
-            try:
-                os.stat(name, dir_fd=pfd, follow_symlinks=False)
-                replaced = True
-            except FileNotFoundError:
-                replaced = False
-            os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-            if replaced:   # the old inode is gone from the jail, as by an unlink
-                history.record("impl.mutant.unlink", path=rel)
-        finally:
-            os.close(pfd)
-
-
 def _atomic_rename_markers(core):
     """REF-5 by the atomic-write idiom: each marker written to a temporary file and renamed into
     place 'so that a kill never leaves a torn one'. Under a lock that serialises, the re-check makes
     it harmless; when the lock did not (a lost lease, a removed lock file, node-local locks), the
     rename replaces a marker another node created meanwhile, and every mount on it."""
-    _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=_RenamingMarkers(ctx.sys)))
+    _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=mutant_sys.RenamingMarkers(ctx.sys)))
 
 
 def _markers_for_default_capabilities(core):
@@ -137,7 +105,7 @@ def _recreate_markers(core):
 # -- the lock ---------------------------------------------------------------------------------
 
 def _no_lock(core):
-    core.JailLock = lambda ctx, rel=core.LOCK: contextlib.nullcontext()
+    core.JailLock = lambda ctx, rel=LOCK: contextlib.nullcontext()
 
 
 def _no_recheck(core):
@@ -154,7 +122,7 @@ def _no_recheck(core):
 
 def _node_local_lock(core):
     class NodeLocalLock(core.JailLock):
-        def __init__(self, ctx, rel=core.LOCK):
+        def __init__(self, ctx, rel=LOCK):
             super().__init__(dataclasses.replace(ctx, jail="/run"), os.path.basename(rel))
     core.JailLock = NodeLocalLock
 
@@ -378,30 +346,17 @@ def _predicate_follows_symlinks(core):
 
 # -- the jail's symlinks (REF-11) ---------------------------------------------------------------
 
-class _OnTheHost:
-    """A Sys whose `*_beneath(root, rel, ...)` resolve root/rel on the host, as a plain join would:
-    openat2(RESOLVE_IN_ROOT) from `/` is exactly the host's own resolution, symlinks followed out."""
-
-    def __init__(self, sysops):
-        self._sys = sysops
-
-    def __getattr__(self, name):
-        real = getattr(self._sys, name)
-        if not name.endswith("_beneath") or name == "bind_mount_beneath":   # that one takes a source first
-            return real
-        return lambda root, rel, *rest: real("/", os.path.join(root, rel).lstrip("/"), *rest)
-
 
 def _escapes_jail(core):
     core.stays_inside = lambda ctx, root, rel, real_dirs: None
-    _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=_OnTheHost(ctx.sys)))
+    _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=mutant_sys.OnTheHost(ctx.sys)))
 
 
 def _jail_checked_once(core):
     """REF-11 by a check at the start: every target's realpath is checked to stay inside the jail
     (stays_inside, kept), then paths are joined and resolved on the host as a shell script's `cd`
     and `>` would: a symlink swapped into the jail after the check leads the writes out of it."""
-    _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=_OnTheHost(ctx.sys)))
+    _on_ctx(core, lambda ctx: dataclasses.replace(ctx, sys=mutant_sys.OnTheHost(ctx.sys)))
 
 
 def _legacy(core):

@@ -14,6 +14,7 @@ import pytest
 from gpujail.chaos.nemesis import dress_as_reused
 from gpujail.contract import RestartPolicy, UnknownImplementation, command_for, start_worker
 from gpujail.reference_impl import core
+from gpujail.spec import LOCK
 from gpujail.world import history
 
 pytestmark = [pytest.mark.kernel, pytest.mark.unprivileged]
@@ -79,8 +80,8 @@ def test_lock_timeout_that_is_no_bound_is_bad_input(fleet, jail, impl, timeout):
     nothing (inf, nan, negative, not a number) is bad input, one line naming the variable and exit 2,
     before anything is written; also with the lock held by someone else (no traceback, no hang)."""
     import fcntl
-    (jail / core.LOCK).touch()
-    with open(jail / core.LOCK) as held:
+    (jail / LOCK).touch()
+    with open(jail / LOCK) as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         node = fleet.start("w")
         r = node.run(command_for(impl, str(jail), "w", "gpu-worker"),

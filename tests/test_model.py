@@ -104,7 +104,7 @@ def test_a_killed_lock_holder_releases_its_lock():
 def test_a_lock_held_forever_times_out_in_virtual_time():
     """REF-5's bounded wait: when nobody who could release the lock can run, the waiter times out."""
     from gpujail.backends.model import Proc, Worker
-    from gpujail.reference_impl.core import LOCK
+    from gpujail.spec import LOCK
     world = ModelWorld(in_process("reference"), 1, restarts=0)
     lock = world.fs.add(f"{JAIL}/{LOCK}", stat.S_IFREG | 0o644)
     world.fds[99] = (lock, Proc(Worker(world, 9, "stuck-holder"), ""))
