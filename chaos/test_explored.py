@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, seed
 
 from gpujail.chaos import explore
-from gpujail.options import option
+from gpujail.options import seed_of
 from gpujail.reference_impl import in_process
 from gpujail.world import history
 from gpujail.world.failpoints import REGISTRY
@@ -41,7 +41,7 @@ def model_impl(impl):
 def test_seed(request) -> int:
     """--seed (flag, GPUJAIL_TEST_SEED or ini, validated once: gpujail/options.py), as for the kernel
     backend's random schedules."""
-    return int(option(request.config, "seed"))
+    return seed_of(request.config)
 
 
 @pytest.mark.req("INV-1", "INV-3", "INV-5", "REF-5", "REF-6", "REF-7")

@@ -12,7 +12,7 @@ import pytest
 from gpujail.chaos import fault_table, runner
 from gpujail.chaos.checkers.cells import cell_id
 from gpujail.chaos.test_scenarios import verdict
-from gpujail.options import option
+from gpujail.options import seed_of
 
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-4", "INV-5", "INV-6")]
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "IN
 @pytest.mark.parametrize("role,step,neighbours", [pytest.param(*c, id=cell_id(*c)) for c in fault_table.cells()])
 def test_fault_cell(role, step, neighbours, impl, fleet_class, artefacts_dir, request, tmp_path):
     sc = fault_table.case(role, step, neighbours)
-    result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")), fleet_class=fleet_class)
+    result = runner.run(sc, impl, tmp_path / "run", seed=seed_of(request.config), fleet_class=fleet_class)
     failed, _ = result.judge()
     unfired = result.unfired()
     if not failed and unfired:

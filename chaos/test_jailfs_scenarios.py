@@ -14,7 +14,7 @@ import pytest
 from gpujail.backends import jailfs, jailfs_fleet, kernel
 from gpujail.chaos import runner, scenario
 from gpujail.chaos.test_scenarios import verdict
-from gpujail.options import option
+from gpujail.options import option, seed_of
 
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-5", "INV-6")]
 DIR = scenario.DIR / "jailfs"
@@ -27,7 +27,7 @@ def test_network_fault(name, impl, artefacts_dir, request, tmp_path, workers):
     reason = jailfs.unavailable(kind)
     if reason:
         pytest.skip(reason)
-    result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")),
+    result = runner.run(sc, impl, tmp_path / "run", seed=seed_of(request.config),
                         fleet_class=jailfs_fleet.fleet_class(kernel.Fleet, kind, sc.net_faults))
     verdict(result, request, artefacts_dir, more=k2_reading)
 

@@ -18,7 +18,7 @@ from gpujail.backends import shared_host
 from gpujail.chaos import runner, scenario
 from gpujail.chaos.checkers.results import Inconclusive
 from gpujail.fixtures import syscall_faults
-from gpujail.options import option
+from gpujail.options import seed_of
 
 RANDOM_SEEDS = 3
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-4", "INV-5", "INV-6")]
@@ -40,7 +40,7 @@ def cases():
 
 @pytest.mark.parametrize("name,mode,seed_offset", list(cases()))
 def test_scenario(name, mode, seed_offset, impl, fleet_class, artefacts_dir, request, tmp_path, workers):
-    seed = int(option(request.config, "seed")) + seed_offset
+    seed = seed_of(request.config) + seed_offset
     sc = scenario.load(name).with_workers(workers)
     if sc.syscall_schedule() and syscall_faults.unavailable():   # run-tests installs strace as root
         pytest.skip(f"scenario {name} injects syscall faults, but {syscall_faults.unavailable()}")
@@ -111,5 +111,5 @@ def test_cli_error_at_every_failpoint(failpoint, impl, fleet_class, artefacts_di
         faults.append(scenario.Fault("w4", "cli.before_mount", "8*off->return(EIO)"))
     sc = scenario.Scenario(name=f"cli-error-at-{failpoint}", gpu_workers=5, max_restarts=2,
                            barriers=["late"] if failpoint in PER_FILE else [], faults=faults)
-    result = runner.run(sc, impl, tmp_path / "run", seed=int(option(request.config, "seed")), fleet_class=fleet_class)
+    result = runner.run(sc, impl, tmp_path / "run", seed=seed_of(request.config), fleet_class=fleet_class)
     verdict(result, request, artefacts_dir)

@@ -140,6 +140,11 @@ def option(config, name: str) -> str:
     return value(config, name).text
 
 
+def seed_of(config) -> int:
+    """--seed as the number the runs take (validated with the rest at session start: check_all)."""
+    return check_count(value(config, "seed"))
+
+
 def flag(name: str, text: str) -> Value:
     """A value given on the command line (`gpujail run --impl X`)."""
     return Value(name, str(text), "command line")
