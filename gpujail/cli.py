@@ -106,9 +106,20 @@ def check_launcher(args) -> None:
         raise Stop("backend", f"--launcher {args.launcher}: {reason}")
 
 
-def add_launcher_flags(p, env: dict, help_of: dict) -> None:
-    for name in ("launcher", "nodes", "partition", "account", *running.k8s_names()):
-        p.add_argument(f"--{name}", default=env[name], help=help_of[name])
+LAUNCHER_FLAGS = ("launcher", "nodes", "partition", "account", *running.k8s_names())
+
+
+def add_options(p, names, env: dict, more: dict | None = None) -> None:
+    """`names`' flags, generated from the option table (gpujail/options.py): the same help, metavar and
+    choices as the plugin's, and the environment's value as the default, as the plugin takes it. A bad
+    value is one line naming the flag either way: from argparse for --cli's choices and --seed's number
+    (`reproduce` schedules with it directly), from the table's validators, when the command runs, for
+    the rest."""
+    from gpujail.options import BY_NAME
+    for name in names:
+        o = BY_NAME[name]
+        p.add_argument(f"--{name}", default=env[name], metavar=o.metavar, choices=o.choices,
+                       type=int if name == "seed" else None, help=o.help + (more or {}).get(name, ""))
 
 
 # -- the subcommands that need these checks --------------------------------------------------
@@ -168,7 +179,6 @@ class Parser(argparse.ArgumentParser):
 
 def parser() -> Parser:
     from gpujail.options import OPTIONS
-    help_of = {name: help_ for name, _, _, help_ in OPTIONS}
     # The plugin's environment variables are the defaults here too (GPUJAIL_IMPL, ...).
     env = {name: os.environ.get(var, default) for name, var, default, _ in OPTIONS}
     top = Parser(prog="gpujail", description=__doc__.split("\n\n")[0],
@@ -178,41 +188,29 @@ def parser() -> Parser:
     run = sub.add_parser("run", help="run the conformance and chaos suites against an implementation",
                          description="Run the conformance and chaos suites; arguments after `--` go to pytest.")
     run.add_argument("tests", nargs="*", help="test paths or node ids (default: both suites)")
-    run.add_argument("--impl", default=env["impl"], help=help_of["impl"])
-    run.add_argument("--backend", default=env["backend"], help=help_of["backend"])
-    run.add_argument("--expectations", default=env["expectations"] or None,
-                     help=help_of["expectations"] + "; default: expectations/<impl>.toml for a bundled one, '' for none")
-    run.add_argument("--seed", type=int, default=env["seed"], help=help_of["seed"])
-    run.add_argument("--workers", default=env["workers"], help=help_of["workers"])
-    run.add_argument("--start-timeout", default=env["start-timeout"], help=help_of["start-timeout"])
-    run.add_argument("--jail-fs", default=env["jail-fs"], help=help_of["jail-fs"])
-    run.add_argument("--cli", default=env["cli"], choices=list(options.CLI_VARIANTS), help=help_of["cli"])
-    run.add_argument("--cdi-spec", default=env["cdi-spec"], metavar="FILE", help=help_of["cdi-spec"])
-    run.add_argument("--schedule", default=env["schedule"], metavar="S", help=help_of["schedule"])
+    add_options(run, ("impl", "backend", "expectations", "seed", "workers", "start-timeout", "jail-fs", "cli",
+                      "cdi-spec", "schedule"), env,
+                more={"expectations": "; default: expectations/<impl>.toml for a bundled one, '' for none"})
+    run.set_defaults(expectations=env["expectations"] or None)
     run.add_argument("--reports", default="reports", help="directory for the reports (default: reports)")
     run.add_argument("-n", "--jobs", default="auto", help="pytest-xdist processes (default: auto)")
     run.add_argument("-m", help="pytest marker expression, e.g. scale for the 128-worker run")
     run.add_argument("-k", help="pytest keyword expression")
     run.add_argument("-v", "--verbose", action="store_true", help="show pytest's output instead of a progress line")
-    add_launcher_flags(run, env, help_of)
+    add_options(run, LAUNCHER_FLAGS, env)
     run.add_argument("--render", metavar="DIR", help="--launcher kubernetes: write the Job to DIR/job.json, apply nothing")
 
     rep = sub.add_parser("reproduce", help="run one chaos scenario and show its verdict, chain and timeline")
     rep.add_argument("scenario", help="a name from `gpujail scenarios`, or a scenario TOML file")
-    rep.add_argument("--impl", default=env["impl"], help=help_of["impl"])
-    rep.add_argument("--seed", type=int, default=0, help="the schedule's seed (a failing test prints it)")
-    rep.add_argument("--workers", default=env["workers"], help=help_of["workers"])
+    add_options(rep, ("impl", "seed", "workers", "cdi-spec", "start-timeout", "cli", "schedule"), env,
+                more={"seed": " (a failing test prints it)",
+                      "schedule": "; the same seed and schedule replay the same decisions"})
     rep.add_argument("--random", action="store_true", help="add the seeded random timing (the '-random-seed+N' tests)")
     rep.add_argument("--out", help="where to keep history, final state and timeline")
     rep.add_argument("--shrink", action="store_true",
                      help="with --schedule pct, when the run fails: drop change points and faults while it still "
                           "fails, print the minimal schedule and the racing pair (docs/scheduler.md)")
-    rep.add_argument("--cdi-spec", default=env["cdi-spec"], metavar="FILE", help=help_of["cdi-spec"])
-    rep.add_argument("--start-timeout", default=env["start-timeout"], help=help_of["start-timeout"])
-    rep.add_argument("--cli", default=env["cli"], choices=list(options.CLI_VARIANTS), help=help_of["cli"])
-    rep.add_argument("--schedule", default=env["schedule"], metavar="S",
-                     help=help_of["schedule"] + "; the same seed and schedule replay the same decisions")
-    add_launcher_flags(rep, env, help_of)
+    add_options(rep, LAUNCHER_FLAGS, env)
 
     sc = sub.add_parser("scenarios", help="list the chaos scenarios, one line each (or check scenario files)")
     sc.add_argument("files", nargs="*", help="scenario TOML files to check and describe instead")

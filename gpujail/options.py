@@ -32,6 +32,8 @@ class Option:
     env: str
     default: str
     help: str
+    metavar: str | None = None   # the command line's: `gpujail run`'s and `reproduce`'s flags come from this table
+    choices: tuple[str, ...] | None = None
 
     @property
     def key(self) -> str:
@@ -40,6 +42,9 @@ class Option:
     def __iter__(self):   # (name, env, default, help), as callers unpack it
         return iter((self.name, self.env, self.default, self.help))
 
+
+# --cli -> the fake CLI's GPUJAIL_CLI_VARIANT; 'real' is the host's own CLI, through the wrapper
+CLI_VARIANTS = {"fake": "", "fake-own-cleanup": "own-cleanup", "real": ""}
 
 OPTIONS = [
     Option("impl", "GPUJAIL_IMPL", "reference",
@@ -56,19 +61,19 @@ OPTIONS = [
     Option("cli", "GPUJAIL_CLI", "fake",
            "the nvidia-container-cli workers get: 'fake' (libnvidia-container 1.18's behaviour) or "
            "'fake-own-cleanup' (upstream issue #377's proposal: its cleanup removes only what it created), or "
-           "'real' (the host's own, first on the host's PATH: on a GPU node)"),
+           "'real' (the host's own, first on the host's PATH: on a GPU node)", choices=tuple(CLI_VARIANTS)),
     Option("jail-fs", "GPUJAIL_JAIL_FS", "local",
            "the jail's file system: 'local' (one directory), 'gluster' (GlusterFS, one FUSE client per node) "
            "or 'nodelocal-locks' (a bindfs view per node: flock serialises only within a node); kernel backend"),
     Option("cdi-spec", "GPUJAIL_CDI_SPEC", "",
            "a CDI spec your `nvidia-ctk cdi generate` wrote (YAML or JSON): the worker nodes get the files it names as "
            "their driver, the fake nvidia-ctk prints it, the probes check its mounts, and the implementation is "
-           "taken as CDI-mode; kernel backend"),
+           "taken as CDI-mode; kernel backend", metavar="FILE"),
     Option("schedule", "GPUJAIL_SCHEDULE", "free",
            "the chaos runs' interleaving: 'free' (as the kernel schedules the workers), 'random-walk' or "
            "'pct[:d=DEPTH,k=STEPS]' (every failpoint a scheduling point of the harness's scheduler, seeded by "
            "--seed, recorded for exact replay; docs/scheduler.md), with ',syscalls' (':syscalls' for random-walk) "
-           "for a start's system calls on the jail as points too; kernel backend"),
+           "for a start's system calls on the jail as points too; kernel backend", metavar="S"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),
     Option("launcher", "GPUJAIL_LAUNCHER", "",
@@ -270,8 +275,6 @@ def check_seconds(v: Value) -> float:
     return seconds
 
 
-# --cli -> the fake CLI's GPUJAIL_CLI_VARIANT; 'real' is the host's own CLI, through the wrapper
-CLI_VARIANTS = {"fake": "", "fake-own-cleanup": "own-cleanup", "real": ""}
 
 
 def check_cli(v: Value) -> str:
