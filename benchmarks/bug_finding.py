@@ -18,6 +18,9 @@ final state counts at the run's end):
                 against `free`, and exact replay of a failing pct seed
   runs-to-detection  per mutant (bundled and shell-template), the seeds of the unscripted cold start
                 it takes each --schedule to catch it (at most 20)
+  unscripted    each scenario whose barriers only time the run, with those barriers dropped
+                (Scenario.unscripted), against legacy and the mutant it guards against
+                (scenario.GUARDS): the runs `free` and `pct` take to find the order the barrier forced
 """
 from __future__ import annotations
 
@@ -57,9 +60,8 @@ def seed_bug(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 # -- real-report scenarios (issue 17) ------------------------------------------------------------
 
 # Each new scenario, and the implementations that lack what it checks: legacy and the matching mutant.
-REAL_REPORTS = {"upgraded-jail": "mutant:zero-byte-counts-present", "mixed-drivers": "mutant:soname-links",
-                "cuda-image": "mutant:compat-mount", "ldcache-rewrite": "mutant:soname-links",
-                "ldconfig-blind-winner": "mutant:ldconfig-winner-only"}
+REAL_REPORTS = {n: scenario.GUARDS[n] for n in ("upgraded-jail", "mixed-drivers", "cuda-image", "ldcache-rewrite",
+                                                "ldconfig-blind-winner")}
 
 
 def first_violation_s(r) -> float | None:
@@ -110,11 +112,9 @@ def real_reports(tmp: Path, quick: bool, scenarios: dict[str, str] = REAL_REPORT
 
 # The faults real clusters inject (issue 26), each scenario with the mutant that has its bug (legacy
 # survives some by construction: it takes no lock and writes no marker).
-CLUSTER_FAULTS = {"lock-holder-stopped": "mutant:unbounded-lock-wait", "lock-lost": "mutant:atomic-rename-markers",
-                  "marker-torn": "mutant:zero-byte-counts-present", "links-swapped": "mutant:jail-checked-once",
-                  "mixed-capabilities": "mutant:markers-for-default-capabilities",
-                  "host-upgraded-mid-start": "mutant:exit-code-only", "shared-propagation": "mutant:propagation-kept",
-                  "shared-propagation-jail-dir": "mutant:propagation-kept"}
+CLUSTER_FAULTS = {n: scenario.GUARDS[n] for n in ("lock-holder-stopped", "lock-lost", "marker-torn", "links-swapped",
+                                                  "mixed-capabilities", "host-upgraded-mid-start", "shared-propagation",
+                                                  "shared-propagation-jail-dir")}
 
 
 def cluster_faults(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
@@ -243,4 +243,29 @@ def runs_to_detection(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         raw[label] = found
         rows.append(Row(f"runs to detection, {label}", " ".join(f"{p} {n or '-'}" for p, n in found.items()),
                         f"of at most {limit} runs each, {sc.name}, 2 workers"))
+    return rows, raw
+
+
+def unscripted(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    """The scripted scenarios without their timing script: for each scenario with timing barriers
+    (Scenario.timing_barriers; barriers that carry a fault stay), against `legacy` where it breaks and
+    the mutant it guards against, the runs until the first violation under `free` and `pct` (seeds 0,
+    1, ...; at most 20, 3 with --quick). This is the scheduler's figure on the worlds the scripted
+    suite builds (a warm jail, other layouts, a symlinked jail, ...), not only on the cold start."""
+    from gpujail.spec import DEFAULT_WORKERS
+    limit = 3 if quick else 20
+    rows, raw = [], {}
+    for name in scenario.names():
+        sc = scenario.load(name)
+        dropped = sc.timing_barriers()
+        if not dropped or sc.scale:
+            continue
+        u = sc.unscripted().with_workers(DEFAULT_WORKERS)
+        for impl in ["legacy"] * sc.legacy_breaks + [scenario.GUARDS[name]] * (name in scenario.GUARDS):
+            found = {plan: next((seed + 1 for seed in range(limit) if first_violation_s(runner.run(
+                u, impl, tmp / f"{name}-{impl}-{plan}-{seed}".replace(":", "_"), seed=seed, scheduled=plan)) is not None),
+                None) for plan in ("free", "pct")}
+            raw[f"{name}/{impl}"] = {"dropped": dropped, **found}
+            rows.append(Row(f"unscripted {name}, {impl}", " ".join(f"{p} {n or '-'}" for p, n in found.items()),
+                            f"runs to the first violation, of at most {limit}; dropped: {', '.join(dropped)}"))
     return rows, raw

@@ -62,7 +62,16 @@ import traceback
 from pathlib import Path
 
 from gpujail.backends import kernel
-from gpujail.benchmarks.bug_finding import cdi, cluster_faults, real_reports, runs_to_detection, schedules, seed_bug, windows
+from gpujail.benchmarks.bug_finding import (
+    cdi,
+    cluster_faults,
+    real_reports,
+    runs_to_detection,
+    schedules,
+    seed_bug,
+    unscripted,
+    windows,
+)
 from gpujail.benchmarks.jail_filesystems import jail_fs, qualify
 from gpujail.benchmarks.measure import Row
 from gpujail.benchmarks.start_costs import cli_startup, start_parts
@@ -74,7 +83,8 @@ FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "cluster-faults":
            "windows": windows, "starts": starts, "paths": paths,
            "docker": docker, "model": model, "suites": suites, "memory": memory, "qualify": qualify,
            "launchers": launchers, "jail-fs": jail_fs, "cli-startup": cli_startup, "start-parts": start_parts,
-           "schedules": schedules, "runs-to-detection": runs_to_detection}
+           "schedules": schedules, "runs-to-detection": runs_to_detection,
+           "unscripted": unscripted}
 
 
 def table(rows: list[Row]) -> str:

@@ -217,6 +217,31 @@ class Scenario:
         import dataclasses
         return dataclasses.replace(self, mode="random", fail_rate=self.fail_rate if self.mode == "random" else 0.0)
 
+    def timing_barriers(self) -> list[str]:
+        """The barriers that only time the run: workers `pause` there and nothing else is tied to
+        them (no kill, lock fault, swapped link, host upgrade, populate job, delayed start, opening
+        rule, `wait` or `stop`, no system-call fault's pause, which strace's syntax joins to the fault).
+        The others carry a fault themselves."""
+        tied = ({k.barrier for k in self.kills} | {f.barrier for f in self.lock_faults}
+                | {s.barrier for s in self.swapped_links} | {u.barrier for u in self.host_upgrades}
+                | {self.populate_at} | set(self.start_after.values()) | set(self.barrier_opens))
+        tied |= {b for f in self.faults for b in self.barriers
+                 if f"wait({b})" in f.term or f"stop({b})" in f.term or f.failpoint.startswith(SYSCALL)}
+        paused = {b for f in self.faults for b in self.barriers if f"pause({b})" in f.term}
+        return [b for b in self.barriers if b in paused and b not in tied]
+
+    def unscripted(self) -> Scenario:
+        """This scenario without its timing script: each timing barrier dropped and its `pause(B)`
+        terms made `off` (the same hit counts, so a fault still fires at the same hit), so that a
+        scheduler (`--schedule pct`) has to find the order the barrier forced. The world and the
+        faults stay as they are."""
+        import dataclasses
+        drop = self.timing_barriers()
+        faults = self.faults
+        for b in drop:
+            faults = [dataclasses.replace(f, term=f.term.replace(f"pause({b})", "off")) for f in faults]
+        return dataclasses.replace(self, barriers=[b for b in self.barriers if b not in drop], faults=faults)
+
     def schedule(self, seed: int) -> dict[str, str]:
         """GPUJAIL_FAILPOINTS per worker for its first start: the fixed faults, plus a seeded
         random schedule in random mode."""
@@ -374,3 +399,29 @@ def load(source: str | Path) -> Scenario:
 
 def names() -> list[str]:
     return sorted(p.stem for p in DIR.glob("*.toml"))
+
+
+# The scenarios `legacy` cannot show failing (a killed CLI does no cleanup, legacy takes no lock, ...) or
+# that guard against a later mistake too, and the mutant (reference_impl/mutants.py) with the bug each
+# guards against: tests/test_chaos_kills.py shows each failing against it, the benchmarks count how
+# often and how fast (benchmarks/bug_finding.py).
+GUARDS = {
+    "cli-killed": "mutant:cleanup-on-failure",           # its failure path removes placeholders
+    "worker-killed": "mutant:recreate-markers",          # a restart re-creates placeholders
+    "lock-holder-killed": "mutant:mkdir-lock",           # a lock that outlives its holder
+    "failing-neighbour": "mutant:zero-byte-placeholders",
+    "read-only-jail": "mutant:recreate-markers",         # writes on every start
+    "marker-torn": "mutant:zero-byte-counts-present",    # the torn marker left 0 bytes, then unlinked
+    "lock-lost": "mutant:atomic-rename-markers",         # the resumed holder renames over a live marker
+    "lock-holder-stopped": "mutant:unbounded-lock-wait",   # waiters hang behind the stopped holder
+    "links-swapped": "mutant:jail-checked-once",         # checked at the start, followed after the swap
+    "mixed-capabilities": "mutant:markers-for-default-capabilities",   # graphics libraries left to the CLI
+    "host-upgraded-mid-start": "mutant:exit-code-only",  # ready on the CLI's word, over 0-byte files
+    "shared-propagation": "mutant:propagation-kept",     # w1's mounts reach w0 through the shared host mount
+    "shared-propagation-jail-dir": "mutant:propagation-kept",
+    "upgraded-jail": "mutant:zero-byte-counts-present",
+    "mixed-drivers": "mutant:soname-links",
+    "cuda-image": "mutant:compat-mount",
+    "ldcache-rewrite": "mutant:soname-links",
+    "ldconfig-blind-winner": "mutant:ldconfig-winner-only",
+}

@@ -13,22 +13,14 @@ from gpujail.chaos import runner, scenario
 
 pytestmark = pytest.mark.kernel
 
-KILLS = [
-    ("cli-killed", "mutant:cleanup-on-failure", "INV-"),        # its failure path removes placeholders
-    ("worker-killed", "mutant:recreate-markers", "INV-"),       # a restart re-creates placeholders
-    ("lock-holder-killed", "mutant:mkdir-lock", "INV-2"),       # a lock that outlives its holder
-    ("failing-neighbour", "mutant:zero-byte-placeholders", "INV-1"),
-    ("read-only-jail", "mutant:recreate-markers", "INV-2"),     # writes on every start
-    ("marker-torn", "mutant:zero-byte-counts-present", "INV-1"),   # the torn marker left 0 bytes, then unlinked
-    ("lock-lost", "mutant:atomic-rename-markers", "INV-1"),        # the resumed holder renames over a live marker
-    ("lock-holder-stopped", "mutant:unbounded-lock-wait", "INV-2"),  # waiters hang behind the stopped holder
-    ("links-swapped", "mutant:jail-checked-once", "INV-3"),        # checked at the start, followed after the swap
-    ("mixed-capabilities", "mutant:markers-for-default-capabilities", "INV-1"),   # graphics libraries left to the CLI
-    # ready on the CLI's word, over 0-byte files: w4's cleanup unlinks them under w1 when w1 is ready then
-    # (INV-1), or while w1 is still finishing its start, which then reports ready over them (INV-5)
-    ("host-upgraded-mid-start", "mutant:exit-code-only", ("INV-1", "INV-5")),
-    ("shared-propagation", "mutant:propagation-kept", "INV-1"),     # w1's mounts reach w0 through the shared host mount
-]
+# The invariant each must fail, by scenario (the mutant is scenario.GUARDS's). host-upgraded-mid-start: ready
+# on the CLI's word, over 0-byte files, w4's cleanup unlinks them under w1 when w1 is ready then (INV-1), or
+# while w1 is still finishing its start, which then reports ready over them (INV-5).
+INVARIANT = {"cli-killed": "INV-", "worker-killed": "INV-", "lock-holder-killed": "INV-2", "failing-neighbour": "INV-1",
+             "read-only-jail": "INV-2", "marker-torn": "INV-1", "lock-lost": "INV-1", "lock-holder-stopped": "INV-2",
+             "links-swapped": "INV-3", "mixed-capabilities": "INV-1", "host-upgraded-mid-start": ("INV-1", "INV-5"),
+             "shared-propagation": "INV-1"}
+KILLS = [(name, scenario.GUARDS[name], invariant) for name, invariant in INVARIANT.items()]
 
 
 @pytest.mark.parametrize("name,impl,invariant", KILLS, ids=[f"{s}-vs-{m}" for s, m, _ in KILLS])

@@ -348,3 +348,30 @@ def test_hygiene_leaves_out_what_the_harness_upgraded_under_a_node():
     assert check_hygiene(Run(upgraded, final)).valid is True
     elsewhere = _begin() + [{**upgrade, "worker": "w1"}, _e(0.5, "impl.outside", "w0", changes=changes)]
     assert check_hygiene(Run(elsewhere, final)).valid is False
+
+
+def test_every_guarded_scenario_and_its_mutant_exist():
+    """scenario.GUARDS, the one table of which mutant each scenario guards against (the kill tests and
+    the benchmarks read it), names only scenarios that load and mutants that exist."""
+    from gpujail.reference_impl.mutants import MUTANTS
+    for name, impl in scenario.GUARDS.items():
+        scenario.load(name)
+        assert impl.startswith("mutant:") and impl[len("mutant:"):] in MUTANTS, (name, impl)
+
+
+def test_unscripted_drops_only_the_barriers_that_time_the_run():
+    """A barrier where workers only pause is timing: unscripted() drops it, and its pause terms become
+    `off`, so every fault still fires at the same hit. A barrier that carries a fault stays: a kill
+    there (lock-holder-killed), a stop (lock-holder-stopped), a host upgrade (host-upgraded-mid-start),
+    a system-call fault's pause (strace-mount-eio)."""
+    cold = scenario.load("failing-neighbour")
+    u = cold.unscripted()
+    assert cold.barriers == ["late"] and u.barriers == []
+    assert [f.term for f in cold.faults] == ["10*off->1*pause(late)->return(EIO)"]
+    assert [f.term for f in u.faults] == ["10*off->1*off->return(EIO)"]
+    for name in ("lock-holder-killed", "lock-holder-stopped", "strace-mount-eio"):
+        sc = scenario.load(name)
+        assert sc.unscripted() == sc, name
+    upgraded = scenario.load("host-upgraded-mid-start").unscripted()
+    assert upgraded.barriers == ["upgrade"] and all("pause(late)" not in f.term for f in upgraded.faults)
+    assert any("pause(upgrade)" in f.term for f in upgraded.faults)
