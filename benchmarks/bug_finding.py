@@ -261,7 +261,8 @@ def unscripted(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         if not dropped or sc.scale:
             continue
         u = sc.unscripted().with_workers(DEFAULT_WORKERS)
-        for impl in ["legacy"] * sc.legacy_breaks + [scenario.GUARDS[name]] * (name in scenario.GUARDS):
+        impls = (["legacy"] if sc.legacy_breaks else []) + ([scenario.GUARDS[name]] if name in scenario.GUARDS else [])
+        for impl in impls:   # (the CDI scenarios guard against cdi-naive: the cdi figure's)
             found = {plan: next((seed + 1 for seed in range(limit) if first_violation_s(runner.run(
                 u, impl, tmp / f"{name}-{impl}-{plan}-{seed}".replace(":", "_"), seed=seed, scheduled=plan)) is not None),
                 None) for plan in ("free", "pct")}
