@@ -15,10 +15,11 @@ Every path under the jail is touched through `Sys.*_beneath`, i.e. `openat2(RESO
 jail's own symlinks (`lib -> usr/lib`, even `/etc` or `..`) resolve inside the jail, so nothing is
 ever created, chmod-ed, written or deleted outside it (REF-11), however the jail changes meanwhile.
 
-Each fatal path raises `Fatal(kind, message)`; `python -m gpujail.reference_impl` (__main__.py) prints
-it as one line on stderr and exits with that kind's code, so an orchestrator restarts the container and a person sees what and where.
-What the procedure stands on outside the jail's files (the start's context, the host's files, the
-lock, the namespace, the CLI) is in host.py, imported here by name.
+Each fatal path raises `Fatal(kind, message)`; `python -m gpujail.reference_impl` (__main__.py)
+prints it as one line on stderr and exits with that kind's code, so an orchestrator restarts the
+container and a person sees what and where. What the procedure stands on outside the jail's files
+(the start's context, the host's files, the lock, the namespace, the CLI) is in host.py, imported
+here by name.
 """
 from __future__ import annotations
 
