@@ -70,9 +70,10 @@ OPTIONS = [
            "their driver, the fake nvidia-ctk prints it, the probes check its mounts, and the implementation is "
            "taken as CDI-mode; kernel backend", metavar="FILE"),
     Option("schedule", "GPUJAIL_SCHEDULE", "free",
-           "the chaos runs' interleaving: 'free' (as the kernel schedules the workers), 'random-walk' or "
-           "'pct[:d=DEPTH,k=STEPS]' (every failpoint a scheduling point of the harness's scheduler, seeded by "
-           "--seed, recorded for exact replay; docs/scheduler.md), with ',syscalls' (':syscalls' for random-walk) "
+           "the chaos runs' interleaving: 'free' (as the kernel schedules the workers), 'random-walk', "
+           "'pct[:d=DEPTH,k=STEPS]' or 'mixed' (pct on even seeds, random-walk on odd ones) (every failpoint a "
+           "scheduling point of the harness's scheduler, seeded by --seed, recorded for exact replay; "
+           "docs/scheduler.md), with ',syscalls' (':syscalls' for random-walk and mixed) "
            "for a start's system calls on the jail as points too; kernel backend", metavar="S"),
     Option("self-checks", "GPUJAIL_SELF_CHECKS", "once",
            "harness self-checks (fake CLI, kernel facts): 'once' per host and code version, or 'always'"),

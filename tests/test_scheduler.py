@@ -36,14 +36,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("text,expected", [("free", "free"), ("random-walk", "random-walk"), ("pct", "pct:d=3"),
                                            ("pct:d=2", "pct:d=2"), ("pct:d=3,k=200", "pct:d=3,k=200"),
-                                           ("pct:changes=40+7", "pct:d=3,changes=7+40")])
+                                           ("pct:changes=40+7", "pct:d=3,changes=7+40"), ("mixed", "mixed"),
+                                           ("mixed:syscalls", "mixed:syscalls")])
 def test_schedule_values(text, expected):
     assert str(parse(text)) == expected
     assert options.check_schedule(options.flag("schedule", text)) == expected
 
 
-@pytest.mark.parametrize("text,words", [("fifo", "expected one of free, random-walk, pct"),
-                                        ("random-walk:d=2", "takes no parameters"),
+@pytest.mark.parametrize("text,words", [("fifo", "expected one of free, random-walk, pct, mixed"),
+                                        ("random-walk:d=2", "takes no parameters"), ("mixed:d=2", "takes no parameters"),
                                         ("pct:d=0", "depth is at least 1"), ("pct:k=x", "whole number"),
                                         ("pct:q=1", "expected d=DEPTH"), ("pct:changes=0", "counted from 1")])
 def test_bad_schedule_values(text, words):
@@ -91,6 +92,20 @@ def test_random_walk_is_seeded_and_uniform_among_the_waiting():
     assert all(900 < c < 1100 for c in counts.values()), counts
     rw = RandomWalk(Plan("random-walk"), 0, ["w0", "w1"], 10)
     assert {rw.choose(["w1"], s) for s in range(50)} == {"w1"}   # only the waiting are released
+
+
+def test_mixed_is_pct_on_even_seeds_and_random_walk_on_odd_ones():
+    """`mixed`: seed 2n runs pct with seed n, seed 2n+1 a random walk with seed n, so a run of seeds
+    0, 1, 2, ... gives each strategy its own seeds 0, 1, ... in turn (docs/scheduler.md: the two find
+    different orders)."""
+    from gpujail.world.schedule import make_strategy
+    workers = ["w0", "w1", "w2"]
+    for seed in range(6):
+        got = make_strategy(parse("mixed"), seed, workers, 40)
+        alone = make_strategy(parse("pct" if seed % 2 == 0 else "random-walk"), seed // 2, workers, 40)
+        assert type(got) is type(alone) and got.describe() == alone.describe()
+        assert [got.choose(workers, s) for s in range(1, 60)] == [alone.choose(workers, s) for s in range(1, 60)]
+    assert make_strategy(parse("mixed"), 3, workers, 40).describe() == {"as": "random-walk"}
 
 
 def test_pct_priorities_and_change_points():

@@ -124,9 +124,10 @@ _kind("chaos.release", "chaos/nemesis.py", "barrier:str arrived:list stalled:boo
       "a barrier opens; `arrived` are the workers that were waiting at it (`stalled`: opened because "
       "every started worker was paused, the first of the scenario's barriers)")
 _kind("sched.begin", "gpujail/world/schedule.py",
-      "strategy:str seed:int workers:list depth:int? k:int? changes:list? priorities:dict?",
-      "a run under --schedule starts its scheduler: the strategy (random-walk, pct:...), the seed, the workers "
-      "scheduled; for pct its depth d, k, the change points and each worker's initial priority")
+      "strategy:str seed:int workers:list as:str depth:int? k:int? changes:list? priorities:dict?",
+      "a run under --schedule starts its scheduler: the strategy (random-walk, pct:..., mixed), the seed, the "
+      "workers scheduled, the strategy this seed runs (`as`: random-walk or pct; they differ for mixed); for pct "
+      "its depth d, k, the change points and each worker's initial priority")
 _kind("sched.step", "gpujail/world/schedule.py",
       "step:int worker:str failpoint:str hit:int path:str waiting:list blocked:list",
       "the scheduler lets `worker` go at its `hit`-th hit of `failpoint` (at `path`, jail-relative), chosen among "
@@ -208,11 +209,11 @@ _kind("impl.fatal", "reference_impl/__main__.py", "impl:str failure:str code:int
       "that step failed: the kind of failure, its exit code (CONTRACT.md) and its one-line error")
 _kind("impl.placeholders", "reference_impl/core.py", "total:int missing:int",
       "the warm-path check: of `total` targets, `missing` do not exist yet (0: warm start, INV-4)")
-_kind("impl.lock.wait", "reference_impl/core.py", "lock:str", "it waits for a jail lock (jail-relative path)")
-_kind("impl.lock.acquired", "reference_impl/core.py reference_impl/mutants.py", "lock:str waited:num",
+_kind("impl.lock.wait", "reference_impl/host.py", "lock:str", "it waits for a jail lock (jail-relative path)")
+_kind("impl.lock.acquired", "reference_impl/host.py reference_impl/mutants.py", "lock:str waited:num",
       "it holds the lock, after `waited` seconds")
-_kind("impl.lock.timeout", "reference_impl/core.py", "lock:str timeout:num", "it gave up waiting after `timeout` seconds")
-_kind("impl.lock.released", "reference_impl/core.py", "lock:str", "it released the lock")
+_kind("impl.lock.timeout", "reference_impl/host.py", "lock:str timeout:num", "it gave up waiting after `timeout` seconds")
+_kind("impl.lock.released", "reference_impl/host.py", "lock:str", "it released the lock")
 _kind("impl.marker", "reference_impl/core.py", "path:str mode:str in_place:bool?",
       "it created a marker placeholder (non-empty, < 64 bytes, REF-5) with the host file's mode "
       "(in_place: written into an old 0-byte placeholder, REF-3)")
@@ -227,7 +228,7 @@ _kind("impl.populate_cleanup", "reference_impl/core.py", "removed:list",
       "the populate-jail job removed these placeholders (jail-relative) and the flag")
 _kind("impl.dummy_mounts", "reference_impl/core.py", "mounted:list reason:str?",
       "a CPU worker mounted the dummy library over these placeholders (none: `reason`)")
-_kind("impl.mutant.unlink", "reference_impl/mutants.py", "path:str", "a mutant unlinked a placeholder it should not have")
+_kind("impl.mutant.unlink", "reference_impl/mutants.py reference_impl/mutant_sys.py", "path:str", "a mutant unlinked a placeholder it should not have")
 
 
 def _check(kind: Kind, fields: dict, where: str, label: str) -> None:

@@ -38,6 +38,7 @@ nodes that are not the scenario's workers (nemeses, the populate job) are releas
 Strategies, seeded from the run's seed (`make_strategy`):
 
 - `random-walk`: at each decision a uniformly random waiting worker;
+- `mixed`: `pct` on even seeds, `random-walk` on odd ones (`make_strategy` says why);
 - `pct` (probabilistic concurrency testing, Burckhardt, Kothari, Musuvathi, Nagarakatte, ASPLOS
   2010): each worker gets a distinct random priority (d .. d+n-1); d-1 priority change points are
   drawn uniformly among the first k steps; each decision releases the waiting worker of highest
@@ -68,7 +69,7 @@ import threading
 import time
 
 ENV = "GPUJAIL_SCHEDULER"
-NAMES = ("free", "random-walk", "pct")
+NAMES = ("free", "random-walk", "pct", "mixed")
 DEFAULT_DEPTH = 3
 SYSCALL_STEPS = 2   # steps with `syscalls` per step without (measured: 2.3 legacy, 1.7 reference; docs/scheduler.md)
 SOCKET = "sched.sock"
@@ -79,7 +80,7 @@ class ScheduleError(ValueError):
 
 
 class Plan:
-    """A parsed --schedule: `free`, `random-walk[:syscalls]`, or
+    """A parsed --schedule: `free`, `random-walk[:syscalls]`, `mixed[:syscalls]`, or
     `pct[:d=D][,k=K][,changes=A+B...][,syscalls]`. `syscalls`: each worker start also runs under
     fixtures/bin/gpujail-syscall-points, so its system calls on the jail are scheduling points too."""
     __slots__ = ("name", "depth", "k", "changes", "syscalls")
@@ -107,7 +108,8 @@ def parse(text: str) -> Plan:
     items = [item for item in rest.split(",") if item.strip()]
     if any(item.strip() == "syscalls" for item in items):
         if name == "free":
-            raise ScheduleError(f"syscalls (system calls as scheduling points) needs random-walk or pct, got {text!r}")
+            raise ScheduleError(f"syscalls (system calls as scheduling points) needs random-walk, pct or mixed, "
+                                f"got {text!r}")
         plan.syscalls = True
         items = [item for item in items if item.strip() != "syscalls"]
     if name != "pct":
@@ -152,7 +154,7 @@ class RandomWalk:
         """`worker`'s armed fault acted at `step`: nothing to change for a random walk."""
 
     def describe(self) -> dict:
-        return {}
+        return {"as": "random-walk"}   # (for `mixed`: which strategy this seed ran)
 
 
 class PCT:
@@ -184,10 +186,17 @@ class PCT:
         self.fault_changes.append(step)
 
     def describe(self) -> dict:
-        return {"depth": self.depth, "k": self.k, "changes": self.changes, "priorities": self.initial}
+        return {"as": "pct", "depth": self.depth, "k": self.k, "changes": self.changes, "priorities": self.initial}
 
 
 def make_strategy(plan: Plan, seed: int, workers: list[str], k: int):
+    """`mixed` is pct on even seeds and random-walk on odd ones (each with seed // 2): the two find
+    different orders. pct lets the others finish before a failing worker's recovery, which a random
+    walk, moving everyone in step, rarely does; a random walk meets two workers between the same
+    check and create (the CLIs' creation race) at once, which pct, running one worker at a time
+    between change points, almost never does (docs/scheduler.md has the figure)."""
+    if plan.name == "mixed":
+        return (PCT if seed % 2 == 0 else RandomWalk)(plan, seed // 2, workers, k)
     return {"random-walk": RandomWalk, "pct": PCT}[plan.name](plan, seed, workers, k)
 
 
