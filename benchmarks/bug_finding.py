@@ -20,8 +20,8 @@ final state counts at the run's end):
                 it takes each --schedule to catch it (at most 20)
   unscripted    each scenario whose barriers only time the run, with those barriers dropped
                 (Scenario.unscripted), against legacy and the mutant it guards against
-                (scenario.GUARDS): the runs `free`, `pct` and `random-walk` take to find the order the
-                barrier forced
+                (scenario.GUARDS): the runs `free`, `pct`, `random-walk` and `mixed` take to find the
+                order the barrier forced
 """
 from __future__ import annotations
 
@@ -250,8 +250,8 @@ def runs_to_detection(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
 def unscripted(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     """The scripted scenarios without their timing script: for each scenario with timing barriers
     (Scenario.timing_barriers; barriers that carry a fault stay), against `legacy` where it breaks and
-    the mutant it guards against, the runs until the first violation under `free`, `pct` and
-    `random-walk` (seeds 0,
+    the mutant it guards against, the runs until the first violation under `free`, `pct`,
+    `random-walk` and `mixed` (seeds 0,
     1, ...; at most 20, 3 with --quick). This is the scheduler's figure on the worlds the scripted
     suite builds (a warm jail, other layouts, a symlinked jail, ...), not only on the cold start."""
     from gpujail.spec import DEFAULT_WORKERS
@@ -267,7 +267,7 @@ def unscripted(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         for impl in impls:   # (the CDI scenarios guard against cdi-naive: the cdi figure's)
             found = {plan: next((seed + 1 for seed in range(limit) if first_violation_s(runner.run(
                 u, impl, tmp / f"{name}-{impl}-{plan}-{seed}".replace(":", "_"), seed=seed, scheduled=plan)) is not None),
-                None) for plan in ("free", "pct", "random-walk")}
+                None) for plan in ("free", "pct", "random-walk", "mixed")}
             raw[f"{name}/{impl}"] = {"dropped": dropped, **found}
             rows.append(Row(f"unscripted {name}, {impl}", " ".join(f"{p} {n or '-'}" for p, n in found.items()),
                             f"runs to the first violation, of at most {limit}; dropped: {', '.join(dropped)}"))
