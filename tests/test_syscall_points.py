@@ -195,7 +195,7 @@ def test_the_syscalls_option():
     assert str(parse("pct:d=2,syscalls,k=9")) == "pct:d=2,k=9,syscalls"
     assert str(parse("random-walk:syscalls")) == "random-walk:syscalls"
     assert not parse("pct").syscalls and not parse("random-walk").syscalls
-    with pytest.raises(ScheduleError, match="needs random-walk or pct"):
+    with pytest.raises(ScheduleError, match="needs random-walk, pct or mixed"):
         parse("free:syscalls")
     with pytest.raises(ScheduleError, match="takes no parameters but syscalls"):
         parse("random-walk:d=2,syscalls")

@@ -228,7 +228,8 @@ _kind("impl.populate_cleanup", "reference_impl/core.py", "removed:list",
       "the populate-jail job removed these placeholders (jail-relative) and the flag")
 _kind("impl.dummy_mounts", "reference_impl/core.py", "mounted:list reason:str?",
       "a CPU worker mounted the dummy library over these placeholders (none: `reason`)")
-_kind("impl.mutant.unlink", "reference_impl/mutants.py reference_impl/mutant_sys.py", "path:str", "a mutant unlinked a placeholder it should not have")
+_kind("impl.mutant.unlink", "reference_impl/mutants.py reference_impl/mutant_sys.py", "path:str",
+      "a mutant unlinked a placeholder it should not have")
 
 
 def _check(kind: Kind, fields: dict, where: str, label: str) -> None:
