@@ -220,6 +220,18 @@ def schedules(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     return rows, raw
 
 
+def runs_to_first(sc, impl: str, plan: str, limit: int, tmp: Path) -> int | None:
+    """How many runs of `sc` against `impl` under --schedule `plan`, seeds 0, 1, ..., until the first
+    violation (1: the first run); None when none of the first `limit` has one."""
+    return next((seed + 1 for seed in range(limit) if first_violation_s(runner.run(
+        sc, impl, tmp.parent / f"{tmp.name}-{plan}-{seed}".replace(":", "_"), seed=seed, scheduled=plan)) is not None), None)
+
+
+def found_text(found: dict[str, int | None]) -> str:
+    """{plan: runs or None} as one cell: "free 7 pct 1" ("-": not within the limit)."""
+    return " ".join(f"{p} {n or '-'}" for p, n in found.items())
+
+
 def runs_to_detection(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     """Each mutant of reference (reference_impl/mutants.py) and of the shell template
     (reference_impl/template_mutants.py) on the unscripted cold start (cold-race-one-fault, 2 workers),
@@ -237,13 +249,9 @@ def runs_to_detection(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         (f"template:{n}", f"sh {path}", ("free", "pct")) for n, path in scripts.items()]
     rows, raw = [], {}
     for label, impl, plans in subjects:
-        found = {}
-        for plan in plans:
-            found[plan] = next((seed + 1 for seed in range(limit) if first_violation_s(runner.run(
-                sc, impl, tmp / f"{label}-{plan}-{seed}".replace(":", "_"), seed=seed, scheduled=plan)) is not None), None)
+        found = {plan: runs_to_first(sc, impl, plan, limit, tmp / label) for plan in plans}
         raw[label] = found
-        rows.append(Row(f"runs to detection, {label}", " ".join(f"{p} {n or '-'}" for p, n in found.items()),
-                        f"of at most {limit} runs each, {sc.name}, 2 workers"))
+        rows.append(Row(f"runs to detection, {label}", found_text(found), f"of at most {limit} runs each, {sc.name}, 2 workers"))
     return rows, raw
 
 
@@ -251,9 +259,9 @@ def unscripted(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     """The scripted scenarios without their timing script: for each scenario with timing barriers
     (Scenario.timing_barriers; barriers that carry a fault stay), against `legacy` where it breaks and
     the mutant it guards against, the runs until the first violation under `free`, `pct`,
-    `random-walk` and `mixed` (seeds 0,
-    1, ...; at most 20, 3 with --quick). This is the scheduler's figure on the worlds the scripted
-    suite builds (a warm jail, other layouts, a symlinked jail, ...), not only on the cold start."""
+    `random-walk` and `mixed` (seeds 0, 1, ...; at most 20, 3 with --quick). This is the scheduler's
+    figure on the worlds the scripted suite builds (a warm jail, other layouts, a symlinked jail, ...),
+    not only on the cold start."""
     from gpujail.spec import DEFAULT_WORKERS
     limit = 3 if quick else 20
     rows, raw = [], {}
@@ -265,10 +273,9 @@ def unscripted(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         u = sc.unscripted().with_workers(DEFAULT_WORKERS)
         impls = (["legacy"] if sc.legacy_breaks else []) + ([scenario.GUARDS[name]] if name in scenario.GUARDS else [])
         for impl in impls:   # (the CDI scenarios guard against cdi-naive: the cdi figure's)
-            found = {plan: next((seed + 1 for seed in range(limit) if first_violation_s(runner.run(
-                u, impl, tmp / f"{name}-{impl}-{plan}-{seed}".replace(":", "_"), seed=seed, scheduled=plan)) is not None),
-                None) for plan in ("free", "pct", "random-walk", "mixed")}
+            found = {plan: runs_to_first(u, impl, plan, limit, tmp / f"{name}-{impl}")
+                     for plan in ("free", "pct", "random-walk", "mixed")}
             raw[f"{name}/{impl}"] = {"dropped": dropped, **found}
-            rows.append(Row(f"unscripted {name}, {impl}", " ".join(f"{p} {n or '-'}" for p, n in found.items()),
+            rows.append(Row(f"unscripted {name}, {impl}", found_text(found),
                             f"runs to the first violation, of at most {limit}; dropped: {', '.join(dropped)}"))
     return rows, raw

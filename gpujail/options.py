@@ -276,8 +276,6 @@ def check_seconds(v: Value) -> float:
     return seconds
 
 
-
-
 def check_cli(v: Value) -> str:
     """--cli: one of CLI_VARIANTS; returns what the fake CLI reads in GPUJAIL_CLI_VARIANT."""
     if v.text not in CLI_VARIANTS:

@@ -194,7 +194,7 @@ def make_strategy(plan: Plan, seed: int, workers: list[str], k: int):
     different orders. pct lets the others finish before a failing worker's recovery, which a random
     walk, moving everyone in step, rarely does; a random walk meets two workers between the same
     check and create (the CLIs' creation race) at once, which pct, running one worker at a time
-    between change points, almost never does (docs/scheduler.md has the figure)."""
+    between change points, almost never does (docs/benchmarks.md, the unscripted figure)."""
     if plan.name == "mixed":
         return (PCT if seed % 2 == 0 else RandomWalk)(plan, seed // 2, workers, k)
     return {"random-walk": RandomWalk, "pct": PCT}[plan.name](plan, seed, workers, k)
