@@ -1,11 +1,13 @@
 """Model-backend figures (issue 6): simulated steps per second, time for Hypothesis to find and shrink
-the legacy bug, and how many distinct interleavings an exploration covers against the total.
+the legacy bug, and how many distinct interleavings an exploration covers against the total; and
+(issue 29 item 5) the bounded-preemption search's counts: every schedule within the bound, run.
 
     python -m gpujail.benchmarks.model [--quick]
 """
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -60,6 +62,22 @@ def interleavings(examples: int) -> dict:
     total = exploration.total_interleavings()
     return {"examples": exploration.examples, "distinct": len(exploration.interleavings),
             "total": f"{total:.3e}", "fraction": f"{len(exploration.interleavings) / total:.1e}"}
+
+
+def bounded(quick: bool) -> dict:
+    """2 workers, 3-file driver: every schedule with at most 1 preemption (0 with --quick), without a
+    fault and with each single fault of the census (chaos/explore.py `bounded`), for legacy,
+    reference and direct: schedules run, faults, how many schedules broke an invariant, CPU seconds."""
+    out = {}
+    for impl in ("legacy", "reference", "direct"):
+        cpu = os.times()
+        search = explore.bounded(impl, 0 if quick else 1, jobs=os.cpu_count() or 1)
+        now = os.times()
+        out[impl] = {"preemptions": search.preemptions, "schedules": search.schedules,
+                     "faults": len(search.per_fault) - 1, "failing": len(search.failing),
+                     "wall_s": round(search.seconds, 1),
+                     "cpu_s": round(sum(now[:4]) - sum(cpu[:4]), 1), "summary": search.summary()}
+    return out
 
 
 def bench(quick: bool = False) -> dict:

@@ -32,6 +32,8 @@ other figures of an hour's run are still written.
                the cold path with 16 contending workers (last lock wait, markers created once)
   docker       container worker starts/s against process workers (when an engine runs)
   model        model backend: steps/s, time to find and shrink the legacy bug, interleavings explored
+  bounded      model backend: every schedule of 2 workers with at most 1 preemption, with no fault and
+               each single fault, for legacy, reference and direct (schedules, violations, CPU)
   suites       the default self-test run (from a checkout only: tests/ is not installed) and the
                default chaos set under pytest -n auto
   memory       peak memory of a 128-worker run (harness and every node process)
@@ -76,7 +78,7 @@ from gpujail.benchmarks.jail_filesystems import jail_fs, qualify
 from gpujail.benchmarks.measure import Row
 from gpujail.benchmarks.start_costs import cli_startup, start_parts
 from gpujail.benchmarks.start_rates import docker, launchers, paths, starts
-from gpujail.benchmarks.suite_runs import memory, model, suites
+from gpujail.benchmarks.suite_runs import bounded, memory, model, suites
 from gpujail.spec import EXIT
 
 FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "cluster-faults": cluster_faults, "cdi": cdi,
@@ -84,7 +86,7 @@ FIGURES = {"seed-bug": seed_bug, "real-reports": real_reports, "cluster-faults":
            "docker": docker, "model": model, "suites": suites, "memory": memory, "qualify": qualify,
            "launchers": launchers, "jail-fs": jail_fs, "cli-startup": cli_startup, "start-parts": start_parts,
            "schedules": schedules, "runs-to-detection": runs_to_detection,
-           "unscripted": unscripted}
+           "unscripted": unscripted, "bounded": bounded}
 
 
 def table(rows: list[Row]) -> str:

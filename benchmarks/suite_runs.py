@@ -6,6 +6,7 @@ How this works
           default chaos set, each under `pytest -n auto` in a process of its own
   model   the model backend's steps/s, time to find and shrink the legacy bug, interleavings
           explored (benchmarks/model.py measures them)
+  bounded the model's bounded-preemption search: every schedule within the bound, its counts
   memory  peak memory (PSS: shared pages split between their users, so the sum is real memory) of
           a 128-worker chaos run, the harness and every process below it, sampled every 100 ms
           from /proc (`tree_pss`)
@@ -40,6 +41,14 @@ def model(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
                 f"plan size <= {f['plan_size_max']}, trace {f['trace_lines_median']} lines"),
             Row(f"model: distinct interleavings, 2 workers, 3 files, {i['examples']} examples", f"{i['distinct']}",
                 f"of {i['total']}")], raw
+
+
+def bounded(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    from gpujail.benchmarks import model as m
+    raw = m.bounded(quick)
+    return [Row(f"model: {impl}, every schedule with <= {r['preemptions']} preemption(s), 2 workers, 3 files, "
+                f"no fault and {r['faults']} single faults", f"{r['schedules']:,} schedules",
+                f"{r['failing']:,} broke an invariant; {r['cpu_s']} s CPU") for impl, r in raw.items()], raw
 
 
 def suites(tmp: Path, quick: bool) -> tuple[list[Row], dict]:

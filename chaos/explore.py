@@ -17,24 +17,31 @@ plan *breaks an invariant* when the checker fails one. `plans()` is the Hypothes
 plans. Shrinking goes towards fewer runs, fewer faults and earlier hits: the shortest story that
 still breaks an invariant. `find_violation` returns that story (for `legacy`, the seed bug);
 Hypothesis keeps failing plans in its example database, and a printed plan replays exactly:
-`python -m gpujail.chaos.explore replay legacy '<plan>'`. Why plans and not a
+`python -m gpujail.chaos.explore replay legacy '<plan>'`.
+
+`bounded` samples nothing: it runs every schedule with at most c preemptions (CHESS's bound), with
+no fault and with each single fault a worker can meet, so "no violation" is a proof for 2 workers,
+that bound and that fault set (`python -m gpujail.chaos.explore bounded reference --preemptions 1`). Why plans and not a
 `RuleBasedStateMachine`: docs/model.md.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
+import multiprocessing
+import os
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from gpujail.backends.model import SMALL_DRIVER, ModelWorld
+from gpujail.backends.model import SMALL_DRIVER, Bounded, ModelWorld
 from gpujail.chaos import checker
 from gpujail.reference_impl import in_process
 from gpujail.world import failpoints
@@ -100,8 +107,10 @@ def entry_for(impl: str):
 
 
 def simulate(impl: str, plan: dict, workers: int = 2, driver=SMALL_DRIVER, **world) -> Outcome:
-    """Run `plan` with `impl` on the model and judge its history with the chaos checker."""
-    w = ModelWorld(entry_for(impl), workers, driver, schedule=plan["schedule"], faults=plan["faults"],
+    """Run `plan` with `impl` on the model and judge its history with the chaos checker. A plan
+    with "deviations" (what `bounded` prints: [[n, worker], ...]) is scheduled by them, not by runs."""
+    schedule = Bounded(plan["deviations"]) if "deviations" in plan else plan["schedule"]
+    w = ModelWorld(entry_for(impl), workers, driver, schedule=schedule, faults=plan["faults"],
               crashes=plan["crashes"], impl=impl, **world).run()
     return Outcome(impl, plan, w, checker.check(w.history, w.final_state()))
 
@@ -151,6 +160,95 @@ def find_violation(impl: str, workers: int = 2, driver=SMALL_DRIVER, seed: int |
     return plan, exploration
 
 
+@dataclass
+class Search:
+    """What `bounded` did: schedules run per fault (the fault-free census first), the failing plans."""
+    impl: str
+    preemptions: int
+    schedules: int = 0
+    per_fault: dict = field(default_factory=dict)
+    failing: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        bound = f"at most {self.preemptions} preemption(s)"
+        if not self.failing:
+            return (f"{self.impl}: explored {self.schedules} of {self.schedules} schedules with {bound}, without a "
+                    f"fault and with each of {len(self.per_fault) - 1} single faults, in {self.seconds:.0f} s: no violation")
+        return (f"{self.impl}: {len(self.failing)} plan(s) broke an invariant among the {self.schedules} schedules "
+                f"run with {bound}, in {self.seconds:.0f} s")
+
+
+CENSUS = ";".join(f"{p}=off" for p in failpoints.REGISTRY)   # every failpoint armed, none acting: hits recorded
+
+
+def walk(impl: str, spec: str, preemptions: int, workers: int = 2, driver=SMALL_DRIVER, first: bool = False,
+         on_run=None):
+    """Every schedule with at most `preemptions` preemptions, worker 0 armed with `spec`: a depth-first
+    walk of the tree of choices, each path run once (`on_run` sees each Outcome). Returns (schedules
+    run, failing plans, the (failpoint, hit) pairs worker 0 reached)."""
+    hits, failing, stack, runs = set(), [], [[]], 0
+    while stack:
+        deviations = stack.pop()
+        plan = {"deviations": deviations, "schedule": [], "faults": {0: spec}, "crashes": {}}
+        outcome = simulate(impl, plan, workers, driver)
+        runs += 1
+        if on_run is not None:
+            on_run(outcome)
+        name = outcome.world.workers[0].name
+        hits.update((e["name"], e["hit"]) for e in outcome.world.history if e["kind"] == "failpoint" and e["node"] == name)
+        if outcome.violations:
+            failing.append(plan)
+            if first:
+                break
+        log, last = outcome.world.scheduler.log, deviations[-1][0] if deviations else -1
+        spent = 0
+        for n, (choices, chosen, now) in enumerate(log):
+            if n > last:   # branch only past the last deviation: each schedule is one path of the tree
+                stack.extend(deviations + [[n, other]] for other in choices
+                             if other != chosen and spent + (now is not None and other != now) <= preemptions)
+            spent += now is not None and chosen != now
+    return runs, failing, hits
+
+
+def bounded(impl: str, preemptions: int = 1, workers: int = 2, driver=SMALL_DRIVER, first: bool = False,
+            faults=None, jobs: int = 1) -> Search:
+    """Every schedule with at most `preemptions` preemptions, without a fault and with each single
+    fault of worker 0 (`walk`), on `jobs` processes. A preemption is a pick of another worker while
+    the current one could go on; a pick after the current one blocked or ended costs nothing but
+    still branches. Every model step is a scheduling point (no partial-order reduction): the count
+    is of schedules, and "none broke an invariant" is a proof for this bound, fleet, driver and
+    fault set.
+
+    The faults (unless `faults` names them): an EIO and a kill at every (failpoint, hit) that worker 0
+    reaches in some fault-free schedule of the bound. The fault-free walk is that census: worker 0
+    runs with every failpoint armed `off`, which records each hit and changes nothing. A fault the
+    census never saw cannot act within the bound (its run equals a fault-free one up to the fault),
+    so leaving it out loses nothing. Worker 0 alone carries faults: the workers run the same
+    implementation from the same state, so a fault of worker 1 gives the same schedules, renamed.
+    `first`: stop at the first failing plan."""
+    search, t = Search(impl, preemptions), time.perf_counter()
+    runs, search.failing, census = walk(impl, CENSUS, preemptions, workers, driver, first)
+    search.per_fault[CENSUS], search.schedules = runs, runs
+    specs = faults if faults is not None else [fault(p, h, a) for p, h in sorted(census) for a in ACTIONS]
+    args = [(impl, spec, preemptions, workers, driver, first) for spec in specs]
+    if jobs > 1 and not (first and search.failing):
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            results = list(pool.map(walk, *zip(*args)))
+    else:
+        results = []
+        for a in args:
+            if first and (search.failing or any(r[1] for r in results)):
+                break
+            results.append(walk(*a))
+    for spec, (runs, failing, _) in zip(specs, results):
+        search.per_fault[spec] = runs
+        search.schedules += runs
+        search.failing += failing
+    search.seconds = time.perf_counter() - t
+    return search
+
+
 def explore_settings(max_examples: int) -> settings:
     """Settings for a @given property over plans (the conformance tests on the model backend)."""
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
@@ -165,7 +263,8 @@ def describe(outcome: Outcome, full: bool = False) -> str:
 
 def _plan(text: str) -> dict:
     plan = json.loads(text)
-    return {"schedule": [tuple(r) for r in plan.get("schedule", [])],
+    return {**({"deviations": [list(d) for d in plan["deviations"]]} if "deviations" in plan else {}),
+            "schedule": [tuple(r) for r in plan.get("schedule", [])],
             "faults": {int(k): v for k, v in plan.get("faults", {}).items()},
             "crashes": {int(k): v for k, v in plan.get("crashes", {}).items()}}
 
@@ -174,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpujail.chaos.explore", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     e = sub.add_parser("find", help="search for a plan that breaks an invariant, shrink it, print its trace")
-    r = sub.add_parser("replay", help="run one plan (JSON, as `find` prints it) and print its trace")
-    for p in (e, r):
+    r = sub.add_parser("replay", help="run one plan (JSON, as `find` and `bounded` print it) and print its trace")
+    b = sub.add_parser("bounded", help="run every schedule with at most C preemptions, without a fault and with "
+                       "each single fault: a proof for that bound, or the first failing plan and its trace")
+    for p in (e, r, b):
         p.add_argument("impl", help="reference, legacy, direct or mutant:NAME")
         p.add_argument("--workers", type=int, default=2)
         p.add_argument("--full-driver", action="store_true", help="every file of the driver, not the 3-file one")
@@ -183,8 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--seed", type=int, default=None)
     e.add_argument("--max-examples", type=int, default=2000)
     r.add_argument("plan")
+    b.add_argument("--preemptions", type=int, default=1, metavar="C")
+    b.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)")
     args = parser.parse_args(argv)
     driver = None if args.full_driver else SMALL_DRIVER
+    if args.command == "bounded":
+        search = bounded(args.impl, args.preemptions, args.workers, driver, first=True, jobs=args.jobs)
+        print(search.summary())
+        if search.failing:
+            print(describe(simulate(args.impl, search.failing[0], args.workers, driver), args.full))
+        return 1 if search.failing else 0
     if args.command == "replay":
         try:
             plan = _plan(args.plan)

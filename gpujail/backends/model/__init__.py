@@ -20,11 +20,11 @@ Nor does it judge: it writes the kernel backend's history and the chaos checker 
 from __future__ import annotations
 
 from .fs import JAIL, LOADER_MIN, Inode, ModelFS, Namespace, loader_view
-from .sched import Killed, Proc, Scheduler, Step, Worker
+from .sched import Bounded, Killed, Proc, Scheduler, Step, Worker
 from .sys import ModelSys
 from .world import SMALL_DRIVER, Entry, ModelWorld, build
 
-__all__ = ["JAIL", "LOADER_MIN", "SMALL_DRIVER", "Entry", "Inode", "Killed", "ModelFS", "ModelSys", "Namespace",
+__all__ = ["JAIL", "LOADER_MIN", "SMALL_DRIVER", "Bounded", "Entry", "Inode", "Killed", "ModelFS", "ModelSys", "Namespace",
            "Proc", "Scheduler", "Step", "Worker", "ModelWorld", "build", "loader_view", "precondition"]
 
 

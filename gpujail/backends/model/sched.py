@@ -6,7 +6,9 @@ Each worker runs in its own thread, but only the thread holding the *baton* runs
 call (sys.py) first calls `Simulation.step`, a scheduling point where the `Scheduler` picks who
 takes the next step, so a schedule is exactly one interleaving and replays identically. The
 `Scheduler` is driven by a plan's runs of `(worker, steps)` (chaos/explore.py draws them with
-Hypothesis); when they are used up the current worker goes on, then the others in order.
+Hypothesis); when they are used up the current worker goes on, then the others in order. `Bounded`
+is driven instead by the choice taken at each pick that has one, for a search that enumerates every
+schedule with at most c preemptions.
 
 A worker waiting for a flock is *blocked* (not runnable) until the lock is released; when nobody is
 runnable the longest waiter times out (virtual time: a slow step is just a later step). A flock
@@ -101,6 +103,32 @@ class Scheduler:
         return current if current in runnable else runnable[0]
 
 
+class Bounded(Scheduler):
+    """One schedule of a bounded-preemption search (CHESS: Musuvathi and Qadeer, PLDI 2007), named by
+    its `deviations`: {n: worker} takes that worker at the n-th pick that has a choice; every other
+    pick never preempts (the current worker goes on while it can, else the lowest-numbered runnable
+    one). `log` keeps every pick that had a choice: (the runnable workers, the one taken, the current
+    worker if it could have gone on, else None), from which chaos/explore.py `bounded` derives the
+    schedules that branch off this one."""
+
+    def __init__(self, deviations=()):
+        super().__init__()
+        self.deviations = dict(deviations)
+        self.log: list[tuple[tuple[int, ...], int, int | None]] = []
+
+    def pick(self, runnable: list[Worker], current: Worker | None) -> Worker:
+        if len(runnable) == 1:
+            return runnable[0]
+        n, choices = len(self.log), tuple(w.index for w in runnable)
+        chosen = current if current in runnable else runnable[0]
+        if n in self.deviations:
+            if self.deviations[n] not in choices:
+                raise ValueError(f"choice {n} is worker {self.deviations[n]}, but only {choices} can run there")
+            chosen = runnable[choices.index(self.deviations[n])]
+        self.log.append((choices, chosen.index, current.index if current in runnable else None))
+        return chosen
+
+
 @dataclass
 class Step:
     seq: int
@@ -119,7 +147,7 @@ class Simulation:
     """Time and processes of one run: the baton, the trace, descriptors and flocks."""
 
     def __init__(self, schedule=(), max_steps: int = 20000, free: bool = False):
-        self.scheduler = Scheduler(schedule)
+        self.scheduler = schedule if isinstance(schedule, Scheduler) else Scheduler(schedule)
         self.max_steps = max_steps
         self.workers: list[Worker] = []
         self.trace: list[Step] = []
