@@ -69,8 +69,8 @@ def plans(workers: int = 2, points=tuple(failpoints.REGISTRY), max_hit: int = 4,
 
 
 def size(plan: dict) -> int:
-    """How long a story is: context switches, faults and crashes."""
-    return len(plan["schedule"]) + len(plan["faults"]) + len(plan["crashes"])
+    """How long a story is: context switches (runs or deviations), faults and crashes."""
+    return len(plan["schedule"]) + len(plan.get("deviations", ())) + len(plan["faults"]) + len(plan["crashes"])
 
 
 EMPTY = {"schedule": [], "faults": {}, "crashes": {}}   # one worker after the other, no fault
@@ -232,7 +232,7 @@ def bounded(impl: str, preemptions: int = 1, workers: int = 2, driver=SMALL_DRIV
     search.per_fault[CENSUS], search.schedules = runs, runs
     specs = faults if faults is not None else [fault(p, h, a) for p, h in sorted(census) for a in ACTIONS]
     args = [(impl, spec, preemptions, workers, driver, first) for spec in specs]
-    if jobs > 1 and not (first and search.failing):
+    if jobs > 1 and args and not (first and search.failing):
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             results = list(pool.map(walk, *zip(*args)))
     else:

@@ -11,7 +11,7 @@ How this works
     gpujail killmatrix [--template] [--mutants A,B] [--tests PATHS] [--quick]
     gpujail expectations SUMMARY.json
     gpujail check HISTORY.jsonl [FINAL_STATE.json] [--timeline OUT.html]
-    gpujail explore find|replay IMPL ...
+    gpujail explore find|bounded|replay IMPL ...
     gpujail bench [--quick] [--only FIGURE ...]
     gpujail qualify PATH [--timeout SECONDS]      (on two nodes sharing PATH)
     gpujail node --run-dir DIR [--index I]       (the node agent a launcher starts: --launcher)

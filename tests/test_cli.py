@@ -130,6 +130,7 @@ BROKEN = {"syntax.toml": 'name = "x"\ngpu_workers = \n',
     (["explore", "find", "mutant:nope"], "bad-input", ["unknown mutant"]),
     (["explore", "replay", "legacy", "[1]"], "bad-input", ["gpujail explore replay", "not a JSON plan object"]),
     (["explore", "walk", "legacy"], "bad-input", ["invalid choice: 'walk'"]),
+    (["explore", "bounded", "legacy", "--preemptions", "-1"], "bad-input", ["gpujail explore bounded", "0 or more"]),
     (["bench", "--only", "nosuch"], "bad-input", ["gpujail bench", "invalid choice: 'nosuch'"]),
     (["bench", "--", "-x"], "bad-input", ["no pytest arguments"]),
 ])
@@ -328,6 +329,17 @@ def test_explore_finds_the_seed_bug_on_the_model(tmp_path):
     assert r.returncode == cli.EXIT["failed"], r.stdout + r.stderr
     assert "VIOLATION INV-1" in r.stdout
     plan = r.stdout.split("plan (size", 1)[1].splitlines()[1].strip()
+    again = gpujail(tmp_path, "explore", "replay", "legacy", plan)
+    assert again.returncode == cli.EXIT["failed"] and "VIOLATION INV-1" in again.stdout
+
+
+def test_explore_bounded_proves_a_bound_or_prints_the_failing_plan(tmp_path):
+    r = gpujail(tmp_path, "explore", "bounded", "direct", "--preemptions", "0", "--jobs", "1")
+    assert r.returncode == cli.EXIT["passed"] and "no violation" in r.stdout, r.stdout + r.stderr
+    r = gpujail(tmp_path, "explore", "bounded", "legacy", "--preemptions", "0", "--jobs", "1")
+    assert r.returncode == cli.EXIT["failed"] and "VIOLATION INV-1" in r.stdout, r.stdout + r.stderr
+    plan = r.stdout.split("plan (size", 1)[1].splitlines()[1].strip()
+    assert '"deviations"' in plan
     again = gpujail(tmp_path, "explore", "replay", "legacy", plan)
     assert again.returncode == cli.EXIT["failed"] and "VIOLATION INV-1" in again.stdout
 

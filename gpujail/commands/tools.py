@@ -18,6 +18,7 @@ and their exit codes are mapped onto EXIT.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -46,11 +47,14 @@ def add_parsers(sub) -> None:
 
     xp = sub.add_parser("explore", help="search the model backend for a violation and shrink it, or replay a plan",
                         description="Hypothesis chooses interleavings and faults on the model backend "
-                                    "(`find`: exit 1 when it breaks an invariant); `replay` runs a printed plan again.")
-    how = xp.add_subparsers(dest="how", metavar="find|replay", required=True)
+                                    "(`find`: exit 1 when it breaks an invariant); `bounded` runs every schedule "
+                                    "within a preemption bound; `replay` runs a printed plan again.")
+    how = xp.add_subparsers(dest="how", metavar="find|bounded|replay", required=True)
     search = how.add_parser("find", help="search for a plan that breaks an invariant, shrink it, print its trace")
-    replay = how.add_parser("replay", help="run one plan (JSON, as `find` prints it) and print its trace")
-    for p in (search, replay):
+    every = how.add_parser("bounded", help="every schedule with at most C preemptions, without a fault and with each "
+                           "single fault: a proof for that bound (exit 0), or the first failing plan (exit 1)")
+    replay = how.add_parser("replay", help="run one plan (JSON, as `find` and `bounded` print it) and print its trace")
+    for p in (search, every, replay):
         p.add_argument("impl", help="reference, legacy, direct or mutant:NAME")
         p.add_argument("--workers", type=int, default=2, help="workers in the simulation (default 2)")
         p.add_argument("--full-driver", action="store_true", help="every file of the driver, not the 3-file one")
@@ -58,6 +62,8 @@ def add_parsers(sub) -> None:
     search.add_argument("--seed", type=int, help="Hypothesis's seed (default: a random one)")
     search.add_argument("--max-examples", type=int, default=2000, help="plans to try at most (default 2000)")
     replay.add_argument("plan", help="the plan, as JSON")
+    every.add_argument("--preemptions", type=int, default=1, metavar="C", help="the bound (default 1)")
+    every.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)")
 
     bn = sub.add_parser("bench", help="every performance figure as one table (reports/benchmarks.json)",
                         description=benchmarks.__doc__.split("\n\n")[0])
@@ -129,12 +135,16 @@ def explore(args) -> int:
     if mutant is None and args.impl not in IMPLEMENTATIONS:
         raise bad_input(command, f"{args.impl!r}: the model backend runs {', '.join(IMPLEMENTATIONS)} or mutant:NAME "
                                  "(a command runs on the kernel and docker backends only)")
-    if args.workers < 1 or getattr(args, "max_examples", 1) < 1:
-        raise bad_input(command, "--workers and --max-examples must be at least 1")
+    if min(args.workers, getattr(args, "max_examples", 1), getattr(args, "jobs", 1)) < 1:
+        raise bad_input(command, "--workers, --max-examples and --jobs must be at least 1")
+    if getattr(args, "preemptions", 0) < 0:
+        raise bad_input(command, "--preemptions must be 0 or more")
     argv = [args.how, args.impl, "--workers", str(args.workers), *(["--full-driver"] if args.full_driver else []),
             *(["--full"] if args.full else [])]
     if args.how == "find":
         argv += [*(["--seed", str(args.seed)] if args.seed is not None else []), "--max-examples", str(args.max_examples)]
+    elif args.how == "bounded":
+        argv += ["--preemptions", str(args.preemptions), "--jobs", str(args.jobs)]
     else:
         try:
             if not isinstance(json.loads(args.plan), dict):
