@@ -17,12 +17,12 @@ plan *breaks an invariant* when the checker fails one. `plans()` is the Hypothes
 plans. Shrinking goes towards fewer runs, fewer faults and earlier hits: the shortest story that
 still breaks an invariant. `find_violation` returns that story (for `legacy`, the seed bug);
 Hypothesis keeps failing plans in its example database, and a printed plan replays exactly:
-`python -m gpujail.chaos.explore replay legacy '<plan>'`.
+`python -m gpujail.chaos.explore replay legacy '<plan>'`. Why plans and not a
+`RuleBasedStateMachine`: docs/model.md.
 
 `bounded` samples nothing: it runs every schedule with at most c preemptions (CHESS's bound), with
 no fault and with each single fault a worker can meet, so "no violation" is a proof for 2 workers,
-that bound and that fault set (`python -m gpujail.chaos.explore bounded reference --preemptions 1`). Why plans and not a
-`RuleBasedStateMachine`: docs/model.md.
+that bound and that fault set (`python -m gpujail.chaos.explore bounded reference --preemptions 1`).
 """
 from __future__ import annotations
 
@@ -238,8 +238,8 @@ def bounded(impl: str, preemptions: int = 1, workers: int = 2, driver=SMALL_DRIV
     else:
         results = []
         for a in args:
-            if first and (search.failing or any(r[1] for r in results)):
-                break
+            if first and (search.failing or (results and results[-1][1])):
+                break   # the census or the last fault's walk found one
             results.append(walk(*a))
     for spec, (runs, failing, _) in zip(specs, results):
         search.per_fault[spec] = runs
