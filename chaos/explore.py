@@ -17,23 +17,20 @@ plan *breaks an invariant* when the checker fails one. `plans()` is the Hypothes
 plans. Shrinking goes towards fewer runs, fewer faults and earlier hits: the shortest story that
 still breaks an invariant. `find_violation` returns that story (for `legacy`, the seed bug);
 Hypothesis keeps failing plans in its example database, and a printed plan replays exactly:
-`python -m gpujail.chaos.explore replay legacy '<plan>'`. Why plans and not a
+`gpujail explore replay legacy '<plan>'`. Why plans and not a
 `RuleBasedStateMachine`: docs/model.md.
 
 `bounded` samples nothing: it runs every schedule with at most c preemptions (CHESS's bound), with
 no fault and with each single fault a worker can meet, so "no violation" is a proof for 2 workers,
-that bound and that fault set (`python -m gpujail.chaos.explore bounded reference --preemptions 1`).
+that bound and that fault set (`gpujail explore bounded reference --preemptions 1`).
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import math
 import multiprocessing
-import os
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -261,46 +258,30 @@ def describe(outcome: Outcome, full: bool = False) -> str:
             f"  {json.dumps(outcome.plan)}\n\n{outcome.verdict.summary()}\n\n{outcome.report(full)}")
 
 
-def _plan(text: str) -> dict:
+def parse_plan(text: str) -> dict:
+    """A plan as `find` and `bounded` print it; ValueError (JSON's or ours) when it is not one."""
     plan = json.loads(text)
+    if not isinstance(plan, dict):
+        raise ValueError(f"not a JSON object but {type(plan).__name__}")
     return {**({"deviations": [list(d) for d in plan["deviations"]]} if "deviations" in plan else {}),
             "schedule": [tuple(r) for r in plan.get("schedule", [])],
             "faults": {int(k): v for k, v in plan.get("faults", {}).items()},
             "crashes": {int(k): v for k, v in plan.get("crashes", {}).items()}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpujail.chaos.explore", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("find", help="search for a plan that breaks an invariant, shrink it, print its trace")
-    r = sub.add_parser("replay", help="run one plan (JSON, as `find` and `bounded` print it) and print its trace")
-    b = sub.add_parser("bounded", help="run every schedule with at most C preemptions, without a fault and with "
-                       "each single fault: a proof for that bound, or the first failing plan and its trace")
-    for p in (e, r, b):
-        p.add_argument("impl", help="reference, legacy, direct or mutant:NAME")
-        p.add_argument("--workers", type=int, default=2)
-        p.add_argument("--full-driver", action="store_true", help="every file of the driver, not the 3-file one")
-        p.add_argument("--full", action="store_true", help="print every step, not only the ones that change something")
-    e.add_argument("--seed", type=int, default=None)
-    e.add_argument("--max-examples", type=int, default=2000)
-    r.add_argument("plan")
-    b.add_argument("--preemptions", type=int, default=1, metavar="C")
-    b.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)")
-    args = parser.parse_args(argv)
+def run(args) -> int:
+    """`gpujail explore find|bounded|replay` (gpujail/commands/tools.py declares and checks the
+    arguments, the one parser of this tool): 0 no violation, 1 a violation with its plan and trace;
+    `args.plan` is parse_plan's plan."""
     driver = None if args.full_driver else SMALL_DRIVER
-    if args.command == "bounded":
+    if args.how == "bounded":
         search = bounded(args.impl, args.preemptions, args.workers, driver, first=True, jobs=args.jobs)
         print(search.summary())
         if search.failing:
             print(describe(simulate(args.impl, search.failing[0], args.workers, driver), args.full))
         return 1 if search.failing else 0
-    if args.command == "replay":
-        try:
-            plan = _plan(args.plan)
-        except (ValueError, AttributeError, TypeError) as err:
-            print(f"explore: plan is not a JSON plan object: {err}", file=sys.stderr)
-            return 2
-        outcome = simulate(args.impl, plan, args.workers, driver)
+    if args.how == "replay":
+        outcome = simulate(args.impl, args.plan, args.workers, driver)
         print(describe(outcome, args.full) if outcome.violations else f"{args.impl}: no violation")
         return 1 if outcome.violations else 0
     t = time.perf_counter()
@@ -313,7 +294,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(describe(simulate(args.impl, plan, args.workers, driver), args.full))
     return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

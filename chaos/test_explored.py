@@ -8,7 +8,7 @@ model runs the bundled Python implementations (reference, legacy, direct, mutant
 so a command string is skipped with that reason.
 
 Shared slots: none outside the simulation (each example builds its own model world). A failure
-prints the shrunk plan, the verdict and the trace; `python -m gpujail.chaos.explore replay IMPL
+prints the shrunk plan, the verdict and the trace; `gpujail explore replay IMPL
 'PLAN'` replays it.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ def test_the_seed_bug_needs_no_preemption_and_its_plan_replays():
     0-byte placeholder the first is mounted over. One worker after the other is enough."""
     search = explore.bounded("legacy", 0)
     assert search.failing, search.summary()
-    plan = explore._plan(json.dumps(search.failing[0]))   # as `bounded` prints it and `replay` reads it
+    plan = explore.parse_plan(json.dumps(search.failing[0]))   # as `bounded` prints it and `replay` reads it
     outcome = explore.simulate("legacy", plan)
     assert outcome.violations[0].invariant == "INV-1"
     assert [e["kind"] for e in outcome.verdict.chain][-1] == "cli.cleanup.unlink"

@@ -1,19 +1,20 @@
 """`gpujail killmatrix`, `expectations`, `check`, `explore`, `bench`: the project's other tools behind
 the one front door, under the same exit codes (gpujail.spec.EXIT).
 
-Each tool lives in the layer it belongs to and keeps its `python -m` form as an alias:
+Each tool lives in the layer it belongs to and, but for explore, keeps its `python -m` form as an alias:
 
     killmatrix    gpujail.conformance.killmatrix   which tests kill which mutant of reference (or the template)
     expectations  gpujail.conformance.expectations an expectations file from a run's summary.json
     check         gpujail.chaos.checker            judge a saved history again, draw its timeline
-    explore       gpujail.chaos.explore            the model backend's search for a violation, or a replay
+    explore       (none)                           the model backend's search for a violation, or a replay
     bench         gpujail.benchmarks.run           every performance figure as one table
 
 The killmatrix, expectations and bench modules give their arguments, their input check and their
-run to both forms. The checker and the exploration keep their own `main(argv)`: their arguments are
-declared here again so that a mistake is one line (exit 2) like every other subcommand's, their
-input is checked here (a file that is not a history, an implementation the model does not run),
-and their exit codes are mapped onto EXIT.
+run to both forms. The checker keeps its own `main(argv)`: its arguments are declared here again so
+that a mistake is one line (exit 2) like every other subcommand's, its input is checked here (a file
+that is not a history), and its exit codes are mapped onto EXIT. The exploration has one parser, here:
+`explore` checks the arguments (an implementation the model does not run, a plan that is not one) and
+hands them to chaos/explore.py `run` (its `python -m` twin had drifted from this one and is gone).
 """
 from __future__ import annotations
 
@@ -139,22 +140,14 @@ def explore(args) -> int:
         raise bad_input(command, "--workers, --max-examples and --jobs must be at least 1")
     if getattr(args, "preemptions", 0) < 0:
         raise bad_input(command, "--preemptions must be 0 or more")
-    argv = [args.how, args.impl, "--workers", str(args.workers), *(["--full-driver"] if args.full_driver else []),
-            *(["--full"] if args.full else [])]
-    if args.how == "find":
-        argv += [*(["--seed", str(args.seed)] if args.seed is not None else []), "--max-examples", str(args.max_examples)]
-    elif args.how == "bounded":
-        argv += ["--preemptions", str(args.preemptions), "--jobs", str(args.jobs)]
-    else:
-        try:
-            if not isinstance(json.loads(args.plan), dict):
-                raise ValueError("not a JSON object")
-        except ValueError as e:
-            raise bad_input(command, f"the plan is not a JSON plan object: {e}") from None
-        argv.append(args.plan)
     from gpujail.chaos import explore as exploration
-    code = exploration.main(argv)
-    return EXIT[{0: "passed", 1: "failed"}.get(code, "bad-input")]
+    if args.how == "replay":
+        try:
+            args.plan = exploration.parse_plan(args.plan)
+        except (ValueError, AttributeError, TypeError) as e:   # TypeError, AttributeError: a field of the wrong type
+            raise bad_input(command, f"the plan is not a JSON plan object: {e}") from None
+    code = exploration.run(args)
+    return EXIT[{0: "passed", 1: "failed"}[code]]
 
 
 def bench(args) -> int:
