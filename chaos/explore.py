@@ -183,7 +183,7 @@ def walk(impl: str, spec: str, preemptions: int, workers: int = 2, driver=SMALL_
          on_run=None):
     """Every schedule with at most `preemptions` preemptions, worker 0 armed with `spec`: a depth-first
     walk of the tree of choices, each path run once (`on_run` sees each Outcome). Returns (schedules
-    run, failing plans, the (failpoint, hit) pairs worker 0 reached)."""
+    run, failing plans, and for the census the (failpoint, hit) pairs worker 0 reached)."""
     hits, failing, stack, runs = set(), [], [[]], 0
     while stack:
         deviations = stack.pop()
@@ -192,8 +192,10 @@ def walk(impl: str, spec: str, preemptions: int, workers: int = 2, driver=SMALL_
         runs += 1
         if on_run is not None:
             on_run(outcome)
-        name = outcome.world.workers[0].name
-        hits.update((e["name"], e["hit"]) for e in outcome.world.history if e["kind"] == "failpoint" and e["node"] == name)
+        if spec == CENSUS:   # only the census's hits name faults; the other walks need not read their histories
+            name = outcome.world.workers[0].name
+            hits.update((e["name"], e["hit"]) for e in outcome.world.history
+                        if e["kind"] == "failpoint" and e["node"] == name)
         if outcome.violations:
             failing.append(plan)
             if first:
@@ -229,16 +231,26 @@ def bounded(impl: str, preemptions: int = 1, workers: int = 2, driver=SMALL_DRIV
     search.per_fault[CENSUS], search.schedules = runs, runs
     specs = faults if faults is not None else [fault(p, h, a) for p, h in sorted(census) for a in ACTIONS]
     args = [(impl, spec, preemptions, workers, driver, first) for spec in specs]
-    if jobs > 1 and args and not (first and search.failing):
+    results = {}   # spec -> walk's answer, for the walks that ran
+
+    def found() -> bool:   # `first`, and a walk (the census's included) has a failing plan
+        return first and bool(search.failing or any(failing for _, failing, _ in results.values()))
+
+    if jobs > 1 and args and not found():
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            results = list(pool.map(walk, *zip(*args)))
+            running = {pool.submit(walk, *a): a[1] for a in args}
+            for done in concurrent.futures.as_completed(running):
+                results[running[done]] = done.result()
+                if found():   # `first`: the walks not started yet are dropped, the running ones end
+                    pool.shutdown(cancel_futures=True)
+                    break
     else:
-        results = []
         for a in args:
-            if first and (search.failing or (results and results[-1][1])):
-                break   # the census or the last fault's walk found one
-            results.append(walk(*a))
-    for spec, (runs, failing, _) in zip(specs, results):
+            if found():
+                break
+            results[a[1]] = walk(*a)
+    for spec in (s for s in specs if s in results):   # in the order of the specs, whichever job ended first
+        runs, failing, _ = results[spec]
         search.per_fault[spec] = runs
         search.schedules += runs
         search.failing += failing
