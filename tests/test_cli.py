@@ -508,6 +508,59 @@ def test_run_stopped_by_a_signal_reports_and_leaves_nothing(tmp_path, sig, code)
     assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp) in _cmdline(p)]
 
 
+INNER_TEST = """
+import os, subprocess, time
+from pathlib import Path
+import pytest
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_starts_a_daemon(n):
+    daemon = subprocess.Popen(["sleep", "300"], start_new_session=True)   # out of pytest's group, as glusterd is
+    (Path(os.environ["MARKS"]) / f"{daemon.pid}.started").touch()
+    try:
+        time.sleep(120)
+    finally:
+        daemon.kill()
+        daemon.wait()
+        (Path(os.environ["MARKS"]) / f"{daemon.pid}.stopped").touch()
+"""
+
+
+@pytest.mark.parametrize("to_group", [True, False], ids=["process-group", "pytest-alone"])
+def test_a_terminated_pytest_session_tears_its_tests_down(tmp_path, to_group):
+    """SIGTERM to a plain `pytest -n 2` session of a suite (a cancelled CI job signals the process
+    group, `timeout` only pytest) unwinds its tests as Ctrl-C does: each test's cleanup stops the
+    daemon it started (own session, as glusterd and its clients are). Python's default, dying on the
+    spot, left both running."""
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["gpujail.plugin"]\nGPUJAIL_SUITE = True\n')
+    (tmp_path / "test_inner.py").write_text(INNER_TEST)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if k not in [var for _, var, _, _ in OPTIONS]}, "MARKS": str(marks)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "test_inner.py"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(marks.glob("*.started"))) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "the tests did not start"
+            time.sleep(0.1)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        left = [int(m.name.split(".")[0]) for m in marks.glob("*.started") if not (marks / f"{m.stem}.stopped").exists()]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"daemons left running: {left}\n{out}"
+    assert proc.returncode == 2 and "KeyboardInterrupt" in out, out   # pytest's "interrupted"
+
+
 def test_stale_run_directories_are_swept_only_when_their_owner_is_gone(tmp_path):
     """A run killed outright (SIGKILL) leaves its directory; the next run removes it, but never the
     directory of a run still going."""

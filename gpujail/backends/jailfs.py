@@ -38,8 +38,9 @@ suites' choice). `NetFault` is a network fault as scenario data; jailfs_fleet.py
 fleet's life, each node started from its client's namespace, and the faults injected and recorded.
 The daemons are host processes, found and stopped through /proc (fs_processes.py).
 
-A SIGKILLed or SIGTERMed harness (pytest does not turn SIGTERM into cleanup; `gpujail run` does)
-leaves glusterd, the brick and the clients running: stop them by the pids `leftovers()` names.
+A SIGKILLed harness leaves glusterd, the brick and the clients running: stop them by the pids
+`leftovers()` names. SIGTERM and SIGHUP unwind as Ctrl-C does (`gpujail run`, and the plugin in any
+pytest session of a suite: gpujail/plugin `stop_on_signals`), so the fleet's cleanup stops them.
 
 `unavailable(kind)` says why a kind cannot run here (None when it can), after installing the Debian
 packages through apt when they are missing and we are root (as scripts/with-dockerd.sh does for

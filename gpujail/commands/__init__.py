@@ -25,11 +25,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 from pathlib import Path
 
+from gpujail.plugin import STOPPED_BY, stop_on_signals  # noqa: F401 (stop_on_signals: for cli.py)
 from gpujail.spec import EXIT
 
 
@@ -91,22 +91,9 @@ def remove_tree(path: Path) -> None:
         print(f"gpujail: could not remove the temporary directory {path}: {e}", file=sys.stderr)
 
 
-STOPPED_BY = {"signal": int(signal.SIGINT)}
-
-
-def stop_on_signals() -> None:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does; the signal is
-    remembered for the exit code."""
-    def handler(signum, _frame):
-        STOPPED_BY["signal"] = signum
-        raise KeyboardInterrupt
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, handler)
-
-
 def interrupted_code() -> int:
     """128 + the signal that stopped the run: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
-    return 128 + STOPPED_BY["signal"]
+    return 128 + STOPPED_BY["signal"]   # set by stop_on_signals (gpujail/plugin), 2 (SIGINT) else
 
 
 SCRATCH = re.compile(r"gpujail-(?:run|reproduce|channels)-(\d+)-\w+")

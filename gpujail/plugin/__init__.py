@@ -42,6 +42,8 @@ report.html) and fixtures.py (the jail, the fleet, the world).
 """
 from __future__ import annotations
 
+import signal
+import threading
 from collections import defaultdict
 
 import pytest
@@ -85,7 +87,27 @@ class Listener:
 
 def activate(config) -> None:
     if config.pluginmanager.get_plugin("gpujail.suite") is None:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # `gpujail run` has set them already
+            stop_on_signals()
         config.pluginmanager.register(Suite(config), "gpujail.suite")
+
+
+STOPPED_BY = {"signal": int(signal.SIGINT)}
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does; the signal is
+    remembered for the exit code. Python's default for SIGTERM is to die on the spot, skipping every
+    `finally` and fixture teardown: a cancelled CI job's pytest (or each xdist worker, which gets
+    the signal with its process group) would leave glusterd, its clients and the nodes running.
+    `gpujail run` sets this before pytest starts; an activated suite in a plain pytest session
+    does, in every process (xdist workers included) whose SIGTERM is still the default."""
+    def handler(signum, _frame):
+        STOPPED_BY["signal"] = signum
+        raise KeyboardInterrupt
+    if threading.current_thread() is threading.main_thread():   # only the main thread may set them
+        for s in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, handler)
 
 
 # -- the plugin at work -------------------------------------------------------------------------
