@@ -48,11 +48,11 @@ from gpujail.commands import (
     qualify,
     scenarios,
     silence_outputs,
-    stop_on_signals,
     tools,
 )
 from gpujail.commands import node as agent
 from gpujail.commands import run as running
+from gpujail.plugin import stop_on_signals
 from gpujail.spec import EXIT
 
 # -- input checks (gpujail/options.py, the plugin's too, turned into one line and an exit code) -----

@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpujail.plugin import STOPPED_BY, stop_on_signals  # noqa: F401 (stop_on_signals: for cli.py)
+from gpujail.plugin import STOPPED_BY
 from gpujail.spec import EXIT
 
 
