@@ -520,6 +520,7 @@ def test_starts_a_daemon(n):
     try:
         time.sleep(120)
     finally:
+        time.sleep(6)   # a teardown that takes its time (glusterd's stop, a fleet's unmounts)
         daemon.kill()
         daemon.wait()
         (Path(os.environ["MARKS"]) / f"{daemon.pid}.stopped").touch()
@@ -531,7 +532,10 @@ def test_a_terminated_pytest_session_tears_its_tests_down(tmp_path, to_group):
     """SIGTERM to a plain `pytest -n 2` session of a suite (a cancelled CI job signals the process
     group, `timeout` only pytest) unwinds its tests as Ctrl-C does: each test's cleanup stops the
     daemon it started (own session, as glusterd and its clients are). Python's default, dying on the
-    spot, left both running."""
+    spot, left both running. The teardown takes 6 s: signalled alone, the controller passes the
+    signal on at once; before, a worker heard of it only as execnet's SIGINT 5 s after the controller
+    asked it to exit, and was SIGKILLed 5 s later, in the middle of such a teardown (and in CI, once,
+    of a quick one)."""
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["gpujail.plugin"]\nGPUJAIL_SUITE = True\n')
     (tmp_path / "test_inner.py").write_text(INNER_TEST)
     marks = tmp_path / "marks"

@@ -42,8 +42,11 @@ report.html) and fixtures.py (the jail, the fleet, the world).
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -88,25 +91,44 @@ class Listener:
 def activate(config) -> None:
     if config.pluginmanager.get_plugin("gpujail.suite") is None:
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # `gpujail run` has set them already
-            stop_on_signals()
+            stop_on_signals(worker=hasattr(config, "workerinput"))
         config.pluginmanager.register(Suite(config), "gpujail.suite")
 
 
 STOPPED_BY = {"signal": int(signal.SIGINT)}
+WORKERS: set[int] = set()   # this process's xdist workers (pids), when it is an xdist controller
+REPEAT_IGNORED = 10.0       # s: a second SIGTERM/SIGHUP this soon after the first is ignored
 
 
-def stop_on_signals() -> None:
+def stop_on_signals(worker: bool = False) -> None:
     """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does; the signal is
     remembered for the exit code. Python's default for SIGTERM is to die on the spot, skipping every
     `finally` and fixture teardown: a cancelled CI job's pytest (or each xdist worker, which gets
     the signal with its process group) would leave glusterd, its clients and the nodes running.
     `gpujail run` sets this before pytest starts; an activated suite in a plain pytest session
-    does, in every process (xdist workers included) whose SIGTERM is still the default."""
+    does, in every process (xdist workers included) whose SIGTERM is still the default.
+
+    An xdist controller passes the signal on to its workers at once. A signal to the controller
+    alone (`timeout pytest ...`) otherwise reaches a worker as execnet's own SIGINT, 5 s after the
+    controller asked it to exit and 5 s before it SIGKILLs it: a teardown longer than that, or a
+    worker slow to get there on a loaded machine (seen in CI), left its daemons running. A repeat
+    soon after is ignored, so that the copy a worker gets when the whole group was signalled does
+    not interrupt the teardown the first one started; in a worker (`worker`) SIGINT is handled so
+    too, since execnet sends that SIGINT whatever the worker is doing, its teardown included."""
+    first: list[float] = []
+
     def handler(signum, _frame):
+        now = time.monotonic()
+        if first and now - first[0] < REPEAT_IGNORED:
+            return
+        first[:] = [now]
         STOPPED_BY["signal"] = signum
+        for pid in WORKERS:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signum)
         raise KeyboardInterrupt
     if threading.current_thread() is threading.main_thread():   # only the main thread may set them
-        for s in (signal.SIGTERM, signal.SIGHUP):
+        for s in (signal.SIGTERM, signal.SIGHUP, *([signal.SIGINT] if worker else [])):
             signal.signal(s, handler)
 
 
@@ -135,6 +157,16 @@ class Suite(Collection, Outcomes, Fixtures):
                      f"{SELF_CHECK}: a harness self-check (the fake CLI, kernel facts): run first, once per host "
                      "and code version, reported apart, never counted for or against an implementation"):
             config.addinivalue_line("markers", line)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_newgateway(self, gateway):
+        """A new xdist worker: its pid, for stop_on_signals to pass a stop on to (xdist asks the
+        worker the same `_rinfo`, cached, when it sets the worker up)."""
+        WORKERS.add(gateway._rinfo().pid)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        WORKERS.discard(node.gateway._rinfo().pid)   # gone: its pid may be another process's soon
 
     def pytest_unconfigure(self, config):
         spec.use(self.outer_settings)
