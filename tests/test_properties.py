@@ -291,6 +291,9 @@ def test_ref9_predicate_on_every_entry(fs, tree):
 
 ALL_LIBS = sorted({n for names in nvc_info.LIBRARIES.values() for n in names})
 ALL_BINS = sorted({n for names in nvc_info.BINARIES.values() for n in names})
+# where `list` can find a binary: the CLI looks it up along the search path (libnvidia-container's
+# default PATH), e.g. /usr/sbin on a host that installs nvidia-persistenced there
+BIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 DRIVER_VERSION = st.one_of(st.sampled_from(["550.54.15", "570.86.15", "535.183.01"]), VERSION)
 LIB_BASE = st.one_of(st.sampled_from(ALL_LIBS), st.builds("lib{}".format, IDENT))
 
@@ -299,9 +302,9 @@ def _entry(section: str):
     if section in ("libraries", "libraries32"):   # in any distribution's directory (fixtures/drivers.py LAYOUTS)
         dirs = [layout[section == "libraries32"] for layout in drivers.LAYOUTS.values()]
         return st.builds(lambda d, n, v: f"{d}/{n}.so.{v}", st.sampled_from(dirs), LIB_BASE, DRIVER_VERSION)
-    if section == "binaries":
-        return st.builds("/usr/bin/{}".format, st.one_of(st.sampled_from(ALL_BINS),
-                                                        st.from_regex(r"nvidia-[a-z0-9-]{1,12}", fullmatch=True)))
+    if section == "binaries":   # from any directory of the CLI's search path: all mounted at usr/bin
+        return st.builds("{}/{}".format, st.sampled_from(BIN_DIRS),
+                         st.one_of(st.sampled_from(ALL_BINS), st.from_regex(r"nvidia-[a-z0-9-]{1,12}", fullmatch=True)))
     if section == "firmwares":
         return st.builds(lambda v, n: f"/lib/firmware/nvidia/{v}/gsp_{n}.bin", DRIVER_VERSION, IDENT)
     if section == "devices":
