@@ -3,6 +3,7 @@ exactly as the kernel's openat2 does on a hostile jail, and the bundled implemen
 openat2 is refused (a seccomp filter answering ENOSYS: fixtures/bin/gpujail-no-openat2)."""
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -102,3 +103,26 @@ def test_bundled_sysops_fall_back_when_openat2_is_refused(tmp_path):
     assert (jail / "made").is_dir() and (jail / "etc/marker").read_bytes() == b"m"
     assert sorted(os.listdir(tmp_path / "outside")) == ["secret"]
     assert RESOLVE_IN_ROOT   # (openat2 itself answers in this process: the first test compared with it)
+
+
+def test_openat2_is_retried_when_a_dotdot_races_a_mount(tmp_path, monkeypatch):
+    """openat2(RESOLVE_IN_ROOT) answers EAGAIN when a mount or rename anywhere on the host races a
+    `..` it resolves ("the caller may choose to retry", openat2(2)); on a node whose neighbours mount
+    (as the self-tests' other workers do) that happens. A few such answers must not fail a step:
+    before, the first one was raised (seen in CI in this file's comparison with the by-hand walk)."""
+    from gpujail.world import sysops
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/marker").write_text("marker\n")
+    real, raced = sysops._libc, [3]
+
+    class Racing:   # the first three openat2 calls lose the race, as under a busy host's mounts
+        def syscall(self, nr, *args):
+            if nr == sysops._SYS_OPENAT2 and raced[0]:
+                raced[0] -= 1
+                ctypes.set_errno(errno.EAGAIN)
+                return -1
+            return real.syscall(nr, *args)
+    monkeypatch.setattr(sysops, "_libc", Racing())
+    monkeypatch.setattr(RealSys, "_openat2_refused", False)
+    assert RealSys().stat_beneath(str(tmp_path), "etc/../etc/marker").st_size == len("marker\n")
+    assert raced == [0]

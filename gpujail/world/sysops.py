@@ -243,7 +243,11 @@ class RealSys:
         try:
             if not RealSys._openat2_refused:
                 how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-                fd = _libc.syscall(_SYS_OPENAT2, rootfd, rel.encode(), ctypes.byref(how), ctypes.sizeof(how))
+                for _ in range(16):   # EAGAIN: a mount or rename anywhere on the host raced a `..`
+                    # (openat2(2): "the caller may choose to retry"); a busy host does this often
+                    fd = _libc.syscall(_SYS_OPENAT2, rootfd, rel.encode(), ctypes.byref(how), ctypes.sizeof(how))
+                    if fd >= 0 or ctypes.get_errno() != errno.EAGAIN:
+                        break
                 if fd >= 0 or ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM):
                     _check(fd, "openat2", os.path.join(root, rel))
                     return fd
