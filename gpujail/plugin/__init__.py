@@ -97,7 +97,7 @@ def activate(config) -> None:
 
 STOPPED_BY = {"signal": int(signal.SIGINT)}
 WORKERS: set[int] = set()   # this process's xdist workers (pids), when it is an xdist controller
-REPEAT_IGNORED = 10.0       # s: a second SIGTERM/SIGHUP this soon after the first is ignored
+REPEAT_IGNORED = 10.0       # s: a second stop signal this soon after the first is ignored
 
 
 def stop_on_signals(worker: bool = False) -> None:
