@@ -118,16 +118,17 @@ dummy_mounts() {
     exit 0
 }
 
-# target HOSTPATH: the jail-relative path the CLI mounts HOSTPATH at (SPEC CLI-3, REF-2). Whether a
-# library is 32-bit follows the CLI, from `list`'s sections: `list --libraries` prints the 64-bit
-# ones only ($lib64, below), so a listed library not among them is 32-bit. Never the directory's
-# name: /usr/lib holds 64-bit libraries on Arch, 32-bit ones on RHEL.
+# target HOSTPATH: sets $rel, the jail-relative path the CLI mounts HOSTPATH at (SPEC CLI-3, REF-2).
+# Whether a library is 32-bit follows the CLI, from `list`'s sections: `list --libraries` prints the
+# 64-bit ones only ($lib64, below), so a listed library not among them is 32-bit. Never the
+# directory's name: /usr/lib holds 64-bit libraries on Arch, 32-bit ones on RHEL. (A variable, not
+# output: `$(target ...)` would fork a subshell for every listed file, most of a warm start's cost.)
 target() {
     base=${1##*/}
     case "$1" in
-        */lib*.so*) case "$NL$lib64$NL" in *"$NL$1$NL"*) echo "$LIBDIR/$base" ;; *) echo "$LIB32DIR/$base" ;; esac ;;
-        */bin/*|*/sbin/*) echo "usr/bin/$base" ;;
-        *) echo "${1#/}" ;;
+        */lib*.so*) case "$NL$lib64$NL" in *"$NL$1$NL"*) rel=$LIBDIR/$base ;; *) rel=$LIB32DIR/$base ;; esac ;;
+        */bin/*|*/sbin/*) rel=usr/bin/$base ;;
+        *) rel=${1#/} ;;
     esac
 }
 
@@ -143,7 +144,8 @@ lib64=$("$CLI" list --libraries 2>/dev/null) || die 2 "\`$CLI list --libraries\`
 files=$(printf '%s\n' "$list" | while IFS= read -r host; do
     [ -n "$host" ] || continue
     case "$host" in /*) ;; *) die 2 "\`$CLI list\`: not an absolute path: $host" ;; esac
-    printf '%s\t%s\n' "$host" "$(target "$host")"
+    target "$host"
+    printf '%s\t%s\n' "$host" "$rel"
 done)
 
 # REF-11: the CLI resolves targets on the host (following symlinks), so refuse a jail where any
@@ -256,7 +258,7 @@ for dir in "$LIBDIR" "$LIB32DIR"; do               # where target() puts every l
 done
 # Then every link there, "DIR<TAB>NAME<TAB>TARGET": a library's link leads to its host path (absolute),
 # a soname link ldconfig made to a library's name (relative). Printed: "HOST<TAB>REL" per soname.
-sonames=$(cd "$SODIR" && find . -type d | while IFS= read -r d; do ldconfig -n "$SODIR/$d" 2>/dev/null || true; done &&
+sonames=$(cd "$SODIR" && { ldconfig -n "$SODIR/$LIBDIR" "$SODIR/$LIB32DIR" 2>/dev/null || true; } &&
     find . -type l -printf '%h\t%f\t%l\n' | sort | awk -F'\t' '
         $3 ~ /^\// { host[$1 "/" $2] = $3; next }
         { soname[++n] = $1 "/" $2; library[n] = $1 "/" $3 }
@@ -350,10 +352,12 @@ gone=$({ printf '%s\n' "$new" | sed 's/^/have /'
          done | xargs -r -d '\n' realpath -m -- | sed 's/^/want /'
        } | awk '$1 == "have" { have[substr($0, 6)] = 1; next } !(substr($0, 6) in have) { print substr($0, 6); exit }')
 [ -z "$gone" ] || die 5 "$gone: not mounted after configure: detached meanwhile, or never mounted"
+# each new mount's size, "SIZE POINT" lines, read by one stat (not one per mount)
+sizes=$NL$(printf '%s\n' "$new" | xargs -r -d '\n' stat -L -c '%s %n' -- 2>/dev/null)$NL || true
 printf '%s\n' "$new" | while IFS= read -r point; do
     [ -e "$point" ] || die 5 "$point: mount detached right after configure"
     if [ -f "$point" ]; then
-        size=$(stat -L -c %s -- "$point")
+        size=${sizes%%" $point$NL"*}; size=${size##*"$NL"}   # the line before " POINT": its size
         [ "$size" -gt 1024 ] || die 5 "$point: $size bytes through the jail, expected the driver file (> 1024 bytes): a placeholder, not a mount"
     fi
 done
@@ -372,7 +376,8 @@ printf '%s\n' "$sonames" | while IFS='	' read -r host rel; do
         continue
     fi
     [ -f "$f" ] && [ ! -L "$f" ] || die 5 "$JAIL/$rel: the soname placeholder is not a regular file"
-    if ! { mount --bind -- "$host" "$(pwd -P)/$f" && mount -o remount,bind,ro,nodev,nosuid -- "$(pwd -P)/$f"; }; then
+    here=$(pwd -P)/$f
+    if ! { mount --bind -- "$host" "$here" && mount -o remount,bind,ro,nodev,nosuid -- "$here"; }; then
         die 5 "cannot mount $host over the soname $JAIL/$rel"
     fi
     size=$(stat -L -c %s -- "$f")
