@@ -400,3 +400,33 @@ def test_populate_cleanup_tolerates_what_went_meanwhile():
     ctx = core.Ctx(Failing({**DIRS, NEW: regular(26)}, {"unlink_beneath": [FileNotFoundError(2, "gone"),
                                                                            FileNotFoundError(2, "gone")]}), JAIL)
     assert core.populate_cleanup(ctx) == []
+
+
+# Where each jail's library directory leads: out by an absolute link, out by `..`, out into a
+# sibling whose name begins with the jail's own (a prefix test without the '/' would let it pass),
+# and inside (`lib -> usr/lib`, as merged-/usr jails have it).
+LEADS = {"absolute": "{tmp}/elsewhere", "dotdot": "../../../elsewhere", "sibling": "{tmp}/jail-other",
+         "inside": "../../lib"}
+
+
+@pytest.mark.parametrize("lead", sorted(LEADS))
+def test_a_target_led_out_of_the_jail_is_refused_before_anything_runs(tmp_path, lead):
+    """core.all_inside, on a real directory tree: a jail whose symlink leads a target out of it is
+    refused ("unsafe-jail"), one that stays inside is not. The guard is for a CLI before 1.18, which
+    joins a target's path on the host and follows such a link out (SPEC REF-11); a 1.18 CLI resolves
+    inside the rootfs (CLI-3), so no conformance test can see the refusal, and cosmic-ray's
+    `stays_inside` mutants survived every suite (docs/mutation-testing.md)."""
+    from gpujail.world.sysops import RealSys
+    jail = tmp_path / "jail"
+    for d in ("elsewhere", "jail-other", "jail/lib", "jail/usr/lib"):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+    (jail / LIB).symlink_to(LEADS[lead].format(tmp=tmp_path))
+    pairs = [("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", f"{LIB}/libcuda.so.550.54.15"),
+             ("/usr/bin/nvidia-smi", "usr/bin/nvidia-smi")]
+    ctx = core.Ctx(RealSys(), str(jail))
+    if lead == "inside":
+        core.all_inside(ctx, pairs)
+        return
+    with pytest.raises(core.Fatal) as e:
+        core.all_inside(ctx, pairs)
+    assert e.value.kind == "unsafe-jail" and f"{jail}/{LIB}/libcuda.so.550.54.15" in str(e.value)
