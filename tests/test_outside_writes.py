@@ -75,3 +75,23 @@ def test_a_mount_gone_between_listing_and_cover_is_left_out(tmp_path):
     r = subprocess.run(["unshare", *userns, "--mount", "--propagation", "private", sys.executable, "-c", child,
                         str(tmp_path / "gone")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and int(r.stdout) > 0, r.stderr[-2000:]
+
+
+def test_a_mount_gone_between_its_descriptor_and_its_overlay_is_left_out(tmp_path):
+    """The same race a step later: the mount point was there when cover() opened it and is gone when
+    its overlay is mounted (seen in CI with dockerd running beside the suites: "node setup failed:
+    mount: No such file or directory: /var/lib/docker/overlay2/.../merged"). Left out, not fatal."""
+    if kernel.precondition():
+        pytest.skip(kernel.precondition())
+    child = ("import os, sys; from gpujail.backends import cow; covered = cow._covered; gone = sys.argv[1]; "
+             "cow._covered = lambda *a: covered(*a) + [gone]; mount = cow.sysops.mount; "
+             "cow.sysops.mount = lambda src, dst, *a: (os.rmdir(gone) if dst == gone else None, mount(src, dst, *a)); "
+             "mount('tmpfs', '/run', 'tmpfs', 0, 'mode=0755'); "
+             "view = cow.cover([]); print(len(view.layers), gone in [p for p, *_ in view.layers])")
+    (tmp_path / "gone").mkdir()
+    userns = [] if os.getuid() == 0 else ["--user", "--map-root-user"]
+    r = subprocess.run(["unshare", *userns, "--mount", "--propagation", "private", sys.executable, "-c", child,
+                        str(tmp_path / "gone")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    layers, covered = r.stdout.split()
+    assert int(layers) > 0 and covered == "False"

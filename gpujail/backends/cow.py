@@ -154,9 +154,12 @@ def cover(shared: list[str], lowers: dict[str, str] | None = None) -> HostView:
         try:
             sysops.mount("overlay", point, "overlay", 0, options)
         except OSError as e:
-            if e.errno not in (errno.EINVAL, errno.EPERM, errno.ELOOP, errno.EOPNOTSUPP):
+            # a file system overlayfs cannot sit on (another overlay's upper, FUSE): left as is; or
+            # a mount point gone since it was opened (ENOENT: dockerd removes a container's root at
+            # any time): what is gone needs no cover
+            if e.errno not in (errno.EINVAL, errno.EPERM, errno.ELOOP, errno.EOPNOTSUPP, errno.ENOENT):
                 raise
-            continue   # a file system overlayfs cannot sit on (another overlay's upper, FUSE): left as is
+            continue
         layers.append((point, os.open(upper, os.O_PATH | os.O_DIRECTORY),
                        [p for p in (f"/proc/self/fd/{sources.pop(point)}", lowers.get(point)) if p]))
     for fd in sources.values():   # those whose overlay could not be mounted
@@ -164,8 +167,14 @@ def cover(shared: list[str], lowers: dict[str, str] | None = None) -> HostView:
     # Parents first: the run directory holds the jail, and bound after it would hide the jail's own
     # bind, leaving the jail no mount point of its own in this namespace (as a shared file system's is).
     for path, fd in sorted(keep, key=lambda k: k[0].rstrip("/").count("/")) + files:
-        sysops.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-        os.close(fd)
+        try:
+            sysops.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        except FileNotFoundError:
+            if (path, fd) in keep:
+                raise
+            # a file mount gone since it was opened (as above): nothing to bind back
+        finally:
+            os.close(fd)
     sysops.umount(STAGE, MNT_DETACH)
     os.rmdir(STAGE)
     return HostView(layers)
