@@ -522,9 +522,13 @@ def test_ref2_markers_land_where_the_cli_looks(links, debian, entries):
     CLI's destination for every listed file (as CLI-4's `stat` sees it on the host) is our marker,
     with the host file's exact st_mode, inside the jail: the CLI will create nothing. Either way,
     nothing outside the jail changed."""
-    sections = {}
+    sections, names = {}, {}
     for (section, path), _ in entries:
         assume(sections.setdefault(path, section) == section)   # one file has one ELF class
+        # and one name once per section, as `list` prints it: the CLI takes the first library of a
+        # name (and class) from the linker cache, the first binary from its search path; two would
+        # share one target, whose marker can have only one of their modes
+        assume(names.setdefault((section, os.path.basename(path)), path) == path)
     t = TempTree([])
     try:
         for d in ("etc", "usr/lib", "usr/bin"):
