@@ -17,6 +17,7 @@ import struct
 
 import pytest
 
+from gpujail.backends.probes import soname_files
 from gpujail.conformance.helpers import not_ready, soname_broken
 from gpujail.fixtures import drivers, elf
 
@@ -95,13 +96,32 @@ def test_nvml_soname_of_a_real_layout_library_resolves(world, real_layout_driver
 
 
 @pytest.mark.req("REF-8")
-def test_stale_nvml_soname_link_is_repaired(world, real_layout_driver):
-    """The jail's `libnvidia-ml.so.1` is a stale ldconfig link to a library no node has any more
-    (a jail from before a driver upgrade): a worker whose NVML keeps DT_SONAME 2 MiB in must not
-    report ready with it dangling. It becomes ready and NVML loads by its soname."""
+@pytest.mark.parametrize("stale", ["535.00.00", "999.00.00"], ids=["older", "newer"])
+def test_stale_nvml_soname_link_is_repaired(world, real_layout_driver, stale):
+    """The jail's `libnvidia-ml.so.1` is a stale ldconfig link to a library no node has any more:
+    an older driver's (a jail from before an upgrade) or a newer one's (a node rolled back): a worker
+    whose NVML keeps DT_SONAME 2 MiB in must not report ready with it dangling. It becomes ready and
+    NVML loads by its soname. (Which way the versions compare must not matter: the link is stale
+    because it leads elsewhere than this node's library.)"""
     link = world.jail / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
-    os.symlink("libnvidia-ml.so.535.00.00", link)
+    os.symlink(f"libnvidia-ml.so.{stale}", link)
     w = world.start("w", node_options={"driver_tree": real_layout_driver})
-    assert w.ready, not_ready("REF-8 (stale soname link libnvidia-ml.so.1 -> libnvidia-ml.so.535.00.00)", w)
+    assert w.ready, not_ready(f"REF-8 (stale soname link libnvidia-ml.so.1 -> libnvidia-ml.so.{stale})", w)
     [r] = w.node.probe([{"path": str(link), "load": True}])
     assert r["loader"] == "ok" and r["size"] > 1024 and r.get("driver") == VERSION, soname_broken("REF-8", w, r)
+
+
+@pytest.mark.req("REF-12")
+def test_a_soname_link_to_ones_own_library_does_not_end_the_soname_mounts(world):
+    """The jail holds ldconfig's links to this node's own libraries for every soname but the last
+    (left there by an earlier node on the same driver that ran ldconfig, or by the jail's image):
+    those need nothing. The last soname is not there yet: the worker must still give it this node's
+    library (REF-12), and a GPU job loads every soname, each from this node's own driver."""
+    sonames = soname_files(str(world.jail))
+    assert len(sonames) >= 2, sonames
+    for f in sonames[:-1]:
+        os.symlink(os.path.basename(f["host"]), f["path"])
+    w = world.start("w")
+    assert w.ready, not_ready(f"REF-12 ({len(sonames) - 1} soname links to its own libraries already there)", w)
+    for r in w.node.probe(sonames):
+        assert r["loader"] == "ok" and r["size"] > 1024 and r.get("driver") == VERSION, soname_broken("REF-12", w, r)

@@ -16,6 +16,7 @@ import types
 
 import pytest
 
+from gpujail.fixtures import elf
 from gpujail.reference_impl import core, reference
 from gpujail.world import history
 
@@ -275,10 +276,12 @@ def test_contract_environment_and_its_bounds():
     ("compute,utility", ["--compute", "--utility"]),
     (" utility , compute ,,", ["--utility", "--compute"]),
     ("all", ["--compute", "--display", "--graphics", "--utility", "--video", "--ngx"]),
-    ("compute,bogus", None)])
+    ("compute,bogus", None),
+    ("bogus,compute,worse", None)])
 def test_capabilities_become_configure_flags(caps, flags):
     """NVIDIA_DRIVER_CAPABILITIES as configure's flags (REF-6): blanks and empty items ignored, `all`
-    every capability but compat32 (as the toolkit expands it), an unknown one bad input naming it."""
+    every capability but compat32 (as the toolkit expands it), an unknown one bad input naming it:
+    the first as written, where there are several (as a parser names its first error)."""
     ctx = core.Ctx(ScriptedSys({}), JAIL, capabilities=caps)
     if flags is not None:
         assert ctx.cli_flags() == flags
@@ -430,3 +433,30 @@ def test_a_target_led_out_of_the_jail_is_refused_before_anything_runs(tmp_path, 
     with pytest.raises(core.Fatal) as e:
         core.all_inside(ctx, pairs)
     assert e.value.kind == "unsafe-jail" and f"{jail}/{LIB}/libcuda.so.550.54.15" in str(e.value)
+
+
+class Images(ScriptedSys):
+    """`read_image` of each host library: an ELF shared object with the given soname."""
+
+    def __init__(self, sonames: dict[str, str]):
+        super().__init__({})
+        self.sonames = sonames
+
+    def read_image(self, path):
+        return elf.shared_object(self.sonames[path])
+
+
+def test_soname_targets_are_the_libraries_whose_soname_differs_from_their_name():
+    """REF-12's soname placeholders: one for each listed library whose DT_SONAME differs from its
+    file name, in its directory; none for a library named by its own soname (the driver's
+    libnvidia-glcore.so.<version> and others: its own target is the CLI's mount already), whichever
+    way the two names compare, nor for a soname that is a path, nor for anything not a library."""
+    host = "/usr/lib/x86_64-linux-gnu/"
+    sonames = {host + "libnvidia-ml.so.550.54.15": "libnvidia-ml.so.1",
+               host + "libnvidia-glcore.so.550.54.15": "libnvidia-glcore.so.550.54.15",
+               host + "libnvidia-tls.so.1.0": "libnvidia-tls.so.2",   # a soname after its file name
+               host + "libnvidia-odd.so.5": "../evil/libnvidia-odd.so.1"}
+    pairs = [(h, f"{LIB}/{os.path.basename(h)}") for h in sonames] + [("/usr/bin/nvidia-smi", "usr/bin/nvidia-smi")]
+    got = core.soname_pairs(core.Ctx(Images(sonames), JAIL), pairs)
+    assert got == [(host + "libnvidia-ml.so.550.54.15", f"{LIB}/libnvidia-ml.so.1"),
+                   (host + "libnvidia-tls.so.1.0", f"{LIB}/libnvidia-tls.so.2")]
