@@ -17,7 +17,7 @@ import types
 import pytest
 
 from gpujail.fixtures import elf
-from gpujail.reference_impl import core, reference
+from gpujail.reference_impl import core, direct, reference
 from gpujail.world import history
 
 JAIL = "/jail"
@@ -460,3 +460,33 @@ def test_soname_targets_are_the_libraries_whose_soname_differs_from_their_name()
     got = core.soname_pairs(core.Ctx(Images(sonames), JAIL), pairs)
     assert got == [(host + "libnvidia-ml.so.550.54.15", f"{LIB}/libnvidia-ml.so.1"),
                    (host + "libnvidia-tls.so.1.0", f"{LIB}/libnvidia-tls.so.2")]
+
+
+class BindingUntil(ScriptedSys):
+    """Binds until the `n`-th bind, which fails with EIO; logs each bind and umount."""
+
+    def __init__(self, n: int):
+        super().__init__({})
+        self.n, self.log = n, []
+
+    def bind_mount_beneath(self, source, root, rel, flags):
+        if sum(op == "bind" for op, _ in self.log) + 1 == self.n:
+            raise OSError(errno.EIO, "Input/output error", source)
+        self.log.append(("bind", rel))
+
+    def umount(self, path):
+        self.log.append(("umount", os.path.relpath(path, JAIL)))
+
+
+def test_direct_undoes_its_own_mounts_when_one_fails(events):
+    """direct's mounts, the third failing: the two it made are undone, last first (its namespace is
+    left as it found it, as the CLI's failure cleanup leaves it, CLI-6, so a start retried there
+    meets no half-done start), nothing is deleted, and the start fails as the CLI would (cli-failed),
+    naming the file."""
+    pairs = [(f"/usr/lib/x86_64-linux-gnu/lib{n}.so.550.54.15", f"{LIB}/lib{n}.so.550.54.15") for n in ("a", "b", "c")]
+    sysops = BindingUntil(3)
+    with pytest.raises(core.Fatal) as e:
+        direct.mount_directly(core.Ctx(sysops, JAIL), pairs)
+    assert e.value.kind == "cli-failed" and "libc.so.550.54.15" in str(e.value), str(e.value)
+    a, b = pairs[0][1], pairs[1][1]
+    assert sysops.log == [("bind", a), ("bind", b), ("umount", b), ("umount", a)]
