@@ -200,11 +200,13 @@ def test_a_network_jail_loss_names_the_remote_unlink_and_the_lookup_that_detache
             "found the file gone and detached it (K-2)") in verdict.explanation
 
 
-def test_a_node_the_harness_cut_off_its_network_jail_lost_nothing():
+@pytest.mark.parametrize("error", ["Transport endpoint is not connected", "Software caused connection abort"])
+def test_a_node_the_harness_cut_off_its_network_jail_lost_nothing(error):
     """A network fault the harness injects (its own GlusterFS client killed, a brick down) makes that
-    node's probes fail with ENOTCONN or EIO: the fault's doing, not a loss an implementation caused.
-    The same error with no such fault is still INV-1."""
-    cut = {"attached": False, "size": None, "error": "Transport endpoint is not connected"}
+    node's probes fail with ENOTCONN, ECONNABORTED (a request in flight as the client went) or EIO:
+    the fault's doing, not a loss an implementation caused. The same error with no such fault is
+    still INV-1."""
+    cut = {"attached": False, "size": None, "error": error}
     # the fault written before the probe; written after it (the killed client's daemon waited for)
     # but begun before; none at all
     for written, began, cut_off in ((0.2, 0.19, True), (0.4, 0.25, True), (None, None, False)):

@@ -30,6 +30,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from gpujail.backends.fs_processes import OUTAGE_ERRORS  # noqa: F401 (content.py's, from here)
 from gpujail.backends.probes import NO_RESULT
 from gpujail.spec import PLACEHOLDER_MAX
 
@@ -284,13 +285,10 @@ def late_detachment(run: Run, removal: dict, probe: dict) -> dict | None:
     return good
 
 
-OUTAGE_ERRORS = ("Transport endpoint is not connected", "Input/output error")   # ENOTCONN, EIO
-
-
 def cut_off(run: Run, node: str, since: float, t: float) -> dict | None:
     """The network fault (`jailfs.fault`, gpujail/backends/jailfs.py) that cut `node` off from the
     jail at `t`, for a node alive since `since`: its own client killed by the harness (for the rest
-    of that node's life), or the brick down (until it cleared). A probe's ENOTCONN or EIO then is the
+    of that node's life), or the brick down (until it cleared). A probe's OUTAGE_ERRORS then are the
     injected fault's, not a loss an implementation caused. The fault acts from when the harness
     began it (`began`), before its event was written (a killed client's daemon is waited for)."""
     for f in run.of("jailfs.fault"):
