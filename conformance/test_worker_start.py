@@ -295,6 +295,37 @@ def test_mount_detached_before_verification_is_a_failure(world, impl):
     assert CUDA in one_line_error(w, "REF-7"), f"REF-7: worker w's error line does not name {CUDA}"
 
 
+@pytest.mark.req("REF-5")
+def test_later_lock_holder_creates_the_markers_still_missing(world):
+    """REF-5 re-check, per target: a worker queued on the lock while an earlier holder created only
+    some of the markers it needs (an earlier worker asking for fewer files, or stopped half way)
+    must skip those and still create every other one, so that the CLI creates no 0-byte
+    placeholder (the seed bug) for the rest."""
+    before = jail_image.snapshot(world.jail)
+    assert (probe := world.start("probe-driver")).ready, not_ready("REF-5", probe)
+    saved = _remove_markers(world.jail, before)
+    missing = sorted(saved)[1::3]   # put back two of three; spread, whatever order a start goes in
+    result = {}
+    with open(world.jail / LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        t = threading.Thread(target=lambda: result.setdefault("w", world.start("queued")))
+        t.start()
+        deadline = time.monotonic() + 30
+        while _lock_waiters(world.jail / LOCK) == 0 and time.monotonic() < deadline and t.is_alive():
+            time.sleep(0.005)
+        assert _lock_waiters(world.jail / LOCK) == 1, "the worker never queued on the placeholder lock"
+        for rel, (data, mode) in saved.items():
+            if rel not in missing:
+                (world.jail / rel).write_bytes(data)
+                os.chmod(world.jail / rel, stat.S_IMODE(mode))
+    t.join()
+    assert result["w"].ready, not_ready("REF-5", result["w"])
+    empty = [rel for rel in missing if os.stat(world.jail / rel).st_size == 0]
+    assert empty == [], (f"REF-5: worker queued on the lock found {len(saved) - len(missing)} of its markers made "
+                         f"meanwhile and created none of the other {len(missing)}: the CLI made 0-byte placeholders "
+                         f"for {len(empty)} of them, e.g. {empty[:3]}")
+
+
 def _remove_markers(jail, before: dict) -> dict[str, tuple[bytes, int]]:
     """The markers a worker created in `jail` since the snapshot `before` (not etc/), removed; their
     content and modes returned."""
