@@ -490,3 +490,20 @@ def test_direct_undoes_its_own_mounts_when_one_fails(events):
     assert e.value.kind == "cli-failed" and "libc.so.550.54.15" in str(e.value), str(e.value)
     a, b = pairs[0][1], pairs[1][1]
     assert sysops.log == [("bind", a), ("bind", b), ("umount", b), ("umount", a)]
+
+
+class VanishingLink(ScriptedSys):
+    """The soname target lstats as a symlink, but is gone (another node replaced it) by the readlink."""
+
+    def readlink(self, path):
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+
+def test_a_soname_link_gone_before_it_is_read_is_stale_not_kept():
+    """REF-12: a soname target seen as a link that cannot be read back (replaced by another node
+    between the two calls) is not known to lead to this node's library, so it is stale: replaced
+    under the lock and mounted over, never kept and trusted."""
+    dirs = {d: (stat.S_IFDIR | 0o755, 4096) for d in ("usr", "usr/lib", LIB)}
+    ctx, sonames = _soname_ctx(VanishingLink({**dirs, f"{LIB}/libnvidia-ml.so.1": (stat.S_IFLNK | 0o777, 24)}))
+    assert core.stale_soname_link(ctx, f"{LIB}/libnvidia-ml.so.1")
+    assert not core.kept_soname_link(ctx, f"{LIB}/libnvidia-ml.so.1")
