@@ -2,15 +2,12 @@
 toy module: every mutant gets the verdict the serial run gives, both trees work, a mutant that hangs
 is stopped at the session's timeout and named, and every tree ends with its module unmutated."""
 
-# (cosmic-ray is in the dev extra, which ./run-tests installs)
+# (cosmic-ray is in the dev extra, which ./run-tests installs; imported in the test, so that a
+# venv without it, as run-tests' unprivileged one, can still collect this file)
 
 import subprocess
 import sys
 from pathlib import Path
-
-from cosmic_ray.work_db import WorkDB, use_db
-from cosmic_ray.work_item import TestOutcome as Outcome
-from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
 RUNNER = Path(__file__).resolve().parent.parent / "scripts" / "mutation_jobs.py"
 TOY = "def inc(x):\n    return x + 1\n\n\ndef count():\n    n = 0\n    while n != 3:\n        n += 1\n    return n\n"
@@ -22,6 +19,10 @@ KEEP = {("ReplaceBinaryOperator_Add_LShift", 2), ("ReplaceBinaryOperator_Add_Sub
 
 
 def test_parallel_trees_give_the_serial_verdicts(tmp_path):
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome as Outcome
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
     trees = [tmp_path / "tree", tmp_path / "tree-2"]
     for tree in trees:
         tree.mkdir()
