@@ -507,3 +507,21 @@ def test_a_soname_link_gone_before_it_is_read_is_stale_not_kept():
     ctx, sonames = _soname_ctx(VanishingLink({**dirs, f"{LIB}/libnvidia-ml.so.1": (stat.S_IFLNK | 0o777, 24)}))
     assert core.stale_soname_link(ctx, f"{LIB}/libnvidia-ml.so.1")
     assert not core.kept_soname_link(ctx, f"{LIB}/libnvidia-ml.so.1")
+
+
+def test_a_stale_soname_link_removed_meanwhile_still_gets_its_marker():
+    """place_marker (REF-12): a stale soname link (to another driver's library) that someone else
+    removed between our look and our unlink is no error: the marker is made all the same."""
+    class GoneMeanwhile(Failing):
+        def readlink(self, path):
+            return "libnvidia-ml.so.535.00.00"
+
+        def unlink_beneath(self, root, rel):
+            del self.files[rel]   # someone else's unlink, just before ours
+            raise FileNotFoundError(2, "No such file or directory", rel)
+
+    rel = f"{LIB}/libnvidia-ml.so.1"
+    ctx = core.Ctx(GoneMeanwhile({**DIRS, rel: (stat.S_IFLNK | 0o777, 24)}, {}), JAIL)
+    ctx.sonames = {rel: f"{LIB}/libnvidia-ml.so.550.54.15"}
+    core.place_marker(ctx, rel, 0o644)
+    assert ctx.sys.files[rel] == (stat.S_IFREG | 0o644, len(core.MARKER))
