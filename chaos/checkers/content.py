@@ -28,10 +28,10 @@ Both invariants judge one pass over the spans (`content`, memoised on the run); 
 """
 from __future__ import annotations
 
+from gpujail.backends.fs_processes import OUTAGE_ERRORS
 from gpujail.backends.probes import unanswered
 
 from .queries import (
-    OUTAGE_ERRORS,
     Run,
     cause_text,
     chain_of,

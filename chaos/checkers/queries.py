@@ -30,7 +30,6 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from gpujail.backends.fs_processes import OUTAGE_ERRORS  # noqa: F401 (content.py's, from here)
 from gpujail.backends.probes import NO_RESULT
 from gpujail.spec import PLACEHOLDER_MAX
 

@@ -24,8 +24,10 @@ CALL_TIMEOUT = 60.0
 
 # What a node's file operations answer while its jail is cut off (its client killed, the brick
 # down): ENOTCONN once the FUSE connection is gone, ECONNABORTED for a request that was in flight
-# when it went (the kernel ends those with it), EIO from GlusterFS while the brick is down.
-OUTAGE_ERRORS = ("Transport endpoint is not connected", "Software caused connection abort", "Input/output error")
+# when it went (the kernel ends those with it): CLIENT_GONE; and EIO from GlusterFS while the
+# brick is down.
+CLIENT_GONE = ("Transport endpoint is not connected", "Software caused connection abort")
+OUTAGE_ERRORS = CLIENT_GONE + ("Input/output error",)
 
 
 class Unavailable(RuntimeError):

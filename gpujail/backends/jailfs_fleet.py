@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from gpujail.backends.fs_processes import CALL_TIMEOUT, OUTAGE_ERRORS
+from gpujail.backends.fs_processes import CALL_TIMEOUT, CLIENT_GONE
 from gpujail.backends.interface import ThreadNemesis
 from gpujail.backends.jailfs import NetFault, provide
 
@@ -59,7 +59,7 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
                 try:
                     return super().start(node_id, *args, **kw)
                 except RuntimeError as e:
-                    if not any(o in str(e) for o in OUTAGE_ERRORS[:2]) or not self._faulty.is_set():
+                    if not any(o in str(e) for o in CLIENT_GONE) or not self._faulty.is_set():
                         raise
                     self.nodes = [n for n in self.nodes if n.alive]
                     while self._faulty.is_set() and not self._stop.is_set():
