@@ -226,22 +226,15 @@ def test_later_lock_holder_rechecks(world):
     jail2 = world.jail
     # Remove the markers, hold the lock, let a worker queue on it, then put them back ourselves.
     saved = _remove_markers(jail2, before)
-    result = {}
-    with open(jail2 / LOCK, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        t = threading.Thread(target=lambda: result.setdefault("w", world.start("queued")))
-        t.start()
-        deadline = time.monotonic() + 30
-        while _lock_waiters(jail2 / LOCK) == 0 and time.monotonic() < deadline and t.is_alive():
-            time.sleep(0.005)
-        assert _lock_waiters(jail2 / LOCK) == 1, "the worker never queued on the placeholder lock"
-        for rel, (data, mode) in saved.items():
-            (jail2 / rel).write_bytes(data)
-            os.chmod(jail2 / rel, stat.S_IMODE(mode))
-        inodes = {rel: os.stat(jail2 / rel).st_ino for rel in saved}
-        mtimes = {rel: os.stat(jail2 / rel).st_mtime_ns for rel in saved}
-    t.join()
-    assert result["w"].ready, not_ready("REF-5", result["w"])
+    seen = {}
+
+    def put_back():
+        _put_back(jail2, saved)
+        seen["inodes"] = {rel: os.stat(jail2 / rel).st_ino for rel in saved}
+        seen["mtimes"] = {rel: os.stat(jail2 / rel).st_mtime_ns for rel in saved}
+    w = _queued_on_the_lock(world, "queued", meanwhile=put_back)
+    inodes, mtimes = seen["inodes"], seen["mtimes"]
+    assert w.ready, not_ready("REF-5", w)
     now = {rel: os.stat(jail2 / rel).st_ino for rel in saved}
     assert now == inodes, (f"REF-5: worker queued on the lock replaced markers an earlier holder had created, instead of "
                            f"re-checking under the lock: {sorted(rel for rel in saved if now[rel] != inodes[rel])}")
@@ -306,25 +299,37 @@ def test_later_lock_holder_creates_the_markers_still_missing(world):
     assert (probe := world.start("probe-driver")).ready, not_ready("REF-5", probe)
     saved = _remove_markers(world.jail, before)
     missing = sorted(saved)[1::3]   # put back two of three; spread, whatever order a start goes in
+    w = _queued_on_the_lock(world, "queued", meanwhile=lambda: _put_back(
+        world.jail, {rel: v for rel, v in saved.items() if rel not in missing}))
+    assert w.ready, not_ready("REF-5", w)
+    empty = [rel for rel in missing if os.stat(world.jail / rel).st_size == 0]
+    assert empty == [], (f"REF-5: worker queued on the lock found {len(saved) - len(missing)} of its markers made "
+                         f"meanwhile and created none of the other {len(missing)}: the CLI made 0-byte placeholders "
+                         f"for {len(empty)} of them, e.g. {empty[:3]}")
+
+
+def _queued_on_the_lock(world, name: str, meanwhile):
+    """Worker `name` started while the test holds the placeholder lock; once it waits on the lock,
+    `meanwhile()` runs (still under the lock), then the lock is let go. The worker, once its start ended."""
     result = {}
     with open(world.jail / LOCK, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        t = threading.Thread(target=lambda: result.setdefault("w", world.start("queued")))
+        t = threading.Thread(target=lambda: result.setdefault("w", world.start(name)))
         t.start()
         deadline = time.monotonic() + 30
         while _lock_waiters(world.jail / LOCK) == 0 and time.monotonic() < deadline and t.is_alive():
             time.sleep(0.005)
         assert _lock_waiters(world.jail / LOCK) == 1, "the worker never queued on the placeholder lock"
-        for rel, (data, mode) in saved.items():
-            if rel not in missing:
-                (world.jail / rel).write_bytes(data)
-                os.chmod(world.jail / rel, stat.S_IMODE(mode))
+        meanwhile()
     t.join()
-    assert result["w"].ready, not_ready("REF-5", result["w"])
-    empty = [rel for rel in missing if os.stat(world.jail / rel).st_size == 0]
-    assert empty == [], (f"REF-5: worker queued on the lock found {len(saved) - len(missing)} of its markers made "
-                         f"meanwhile and created none of the other {len(missing)}: the CLI made 0-byte placeholders "
-                         f"for {len(empty)} of them, e.g. {empty[:3]}")
+    return result["w"]
+
+
+def _put_back(jail, saved: dict[str, tuple[bytes, int]]) -> None:
+    """The markers `_remove_markers` saved, written again with their modes."""
+    for rel, (data, mode) in saved.items():
+        (jail / rel).write_bytes(data)
+        os.chmod(jail / rel, stat.S_IMODE(mode))
 
 
 def _remove_markers(jail, before: dict) -> dict[str, tuple[bytes, int]]:
