@@ -45,8 +45,7 @@ def generate(ctx: core.Ctx) -> dict:
     """The spec, as `nvidia-ctk cdi generate` writes it now (REF-1: a failing generate is fatal)."""
     code, out, err = ctx.sys.run([CTK, "cdi", "generate", "--format=json"])
     if code != 0:
-        last = (err.strip().splitlines() or [f"exit code {code}"])[-1]
-        raise core.Fatal("bad-input", f"`{CTK} cdi generate` failed (exit {code}): {last}")
+        raise core.Fatal("bad-input", f"`{CTK} cdi generate` failed (exit {code}): {core.last_error(err, code)}")
     try:
         return json.loads(out)
     except ValueError as e:

@@ -39,6 +39,7 @@ from gpujail.reference_impl.host import (  # noqa: F401 (isolate, run_configure:
     is_library,
     isolate,
     jail_mounts,
+    last_error,
     run_configure,
     soname_pairs,
     target,
@@ -74,8 +75,7 @@ def file_set(ctx: Ctx) -> list[str]:
     failpoints.hit("ref.before_list")
     code, out, err = ctx.sys.run([ctx.cli, "list"])
     if code != 0:
-        last = (err.strip().splitlines() or [f"exit code {code}"])[-1]
-        raise Fatal("bad-input", f"`{ctx.cli} list` failed (exit {code}): {last}")
+        raise Fatal("bad-input", f"`{ctx.cli} list` failed (exit {code}): {last_error(err, code)}")
     paths: list[str] = []
     for n, line in enumerate(out.split("\n"), 1):   # not splitlines(): \x85 or \u2028 may be in a name
         if not line.strip():
@@ -375,7 +375,7 @@ def ensure_soname(ctx: Ctx, mounted: list[str]) -> None:
             code, _, err = ctx.sys.run(["ldconfig", "-r", ctx.jail])
             history.record("impl.ldconfig", code=code)
             if code != 0:
-                raise Fatal("soname-failed", f"ldconfig -r {ctx.jail} failed (exit {code}): {err.strip()[-200:]}")
+                raise Fatal("soname-failed", f"ldconfig -r {ctx.jail} failed (exit {code}): {last_error(err, code)}")
     if not soname_ok(ctx, libdir):
         raise Fatal("soname-failed", f"{ctx.jail}/{libdir}/{NVML}.1 does not resolve to the mounted "
                                      f"{os.path.basename(nvml[0])} even after ldconfig")

@@ -189,6 +189,18 @@ def test_ldconfig_failing_is_fatal_with_its_exit_code_and_error(code, events):
     assert ("impl.ldconfig", {"code": code}) in events
 
 
+def test_ldconfig_error_is_one_bounded_line():
+    """REF-8's failure message is one line: ldconfig's last stderr line (the lines before it are
+    warnings), its last 200 characters when longer (a path deep in the jail must not flood the log)."""
+    long_error = "ldconfig: " + "/jail/very/deep" * 30 + ": No space left on device"
+    ctx = core.Ctx(ScriptedSys({}, {"ldconfig": (1, "", f"ldconfig: warning: skipping /jail/x\n{long_error}\n")}), JAIL)
+    with pytest.raises(core.Fatal) as e:
+        core.ensure_soname(ctx, [f"{LIB}/libnvidia-ml.so.550.54.15"])
+    message = str(e.value)
+    assert "\n" not in message and "warning" not in message
+    assert message.endswith(long_error[-200:]) and long_error[-201:] not in message
+
+
 @pytest.mark.parametrize("there", [None, regular(26), regular(core.REAL_CONTENT_MIN), (stat.S_IFDIR | 0o755, 4096),
                                    regular(core.REAL_CONTENT_MIN + 1)], ids=["none", "marker", "1-KiB", "directory", "real"])
 def test_nvml_soname_is_stale_unless_real_content(there):
