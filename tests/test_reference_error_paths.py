@@ -219,6 +219,19 @@ def test_nvml_soname_is_stale_unless_real_content(there):
     assert ctx.sys.ran == [["ldconfig", "-r", JAIL]]
 
 
+def test_nvml_soname_checked_is_the_64_bit_one_with_compat32():
+    """ensure_soname with 32-bit NVML mounted too (compat32: `list` prints the 64-bit libraries
+    first): a stale 64-bit libnvidia-ml.so.1 is repaired even when the 32-bit one is real content.
+    The soname every CUDA job loads is the 64-bit one; checking the last NVML mounted would look at
+    the 32-bit directory and leave it stale."""
+    lib32 = "usr/lib/i386-linux-gnu"
+    ctx = core.Ctx(ScriptedSys({f"{lib32}/libnvidia-ml.so.1": regular(4096)}, {"ldconfig": (0, "", "")}), JAIL)
+    with pytest.raises(core.Fatal) as e:
+        core.ensure_soname(ctx, [f"{LIB}/libnvidia-ml.so.550.54.15", f"{lib32}/libnvidia-ml.so.550.54.15"])
+    assert f"{JAIL}/{LIB}/libnvidia-ml.so.1" in str(e.value)
+    assert ctx.sys.ran == [["ldconfig", "-r", JAIL]]
+
+
 def test_soname_fresh_under_the_ldconfig_lock_runs_no_ldconfig():
     """ensure_soname re-checks under the ldconfig lock: repaired by the previous holder meanwhile,
     no ldconfig runs (only when stale)."""
@@ -336,6 +349,9 @@ class Failing(ScriptedSys):
         self._maybe_fail("stat")
         return types.SimpleNamespace(st_mode=stat.S_IFREG | 0o755, st_size=4096)
 
+    def make_private(self, path):
+        self._maybe_fail("make_private")
+
     def mkdir_beneath(self, root, rel, mode):
         self._maybe_fail("mkdir_beneath")
         self.files[rel] = (stat.S_IFDIR | mode, 4096)
@@ -367,6 +383,7 @@ NEW = f"{LIB}/libnvidia-new.so.1"
 
 
 @pytest.mark.parametrize("step, fail, kind", [
+    (lambda ctx: core.isolate(ctx), {"make_private": ERR["EACCES"]}, "unsafe-jail"),
     (lambda ctx: core.is_debian(ctx), {"stat_beneath": ERR["ELOOP"]}, "unsafe-jail"),
     (lambda ctx: core.elf32(ctx, "/usr/lib/libcuda.so.1"), {"read_image": ERR["EACCES"]}, "bad-input"),
     (lambda ctx: core.JailLock(ctx).__enter__(), {"open_lock_beneath": ERR["EROFS"]}, "jail-write-failed"),
@@ -381,7 +398,7 @@ NEW = f"{LIB}/libnvidia-new.so.1"
     (lambda ctx: core.soname_pairs(ctx, [("/usr/lib/libnvidia-new.so.550", f"{LIB}/libnvidia-new.so.550")]),
      {"read_image": ERR["EACCES"]}, "bad-input"),
     (lambda ctx: core.mark_done(ctx), {"touch_beneath": ERR["EROFS"]}, "jail-write-failed"),
-], ids=["stat-beneath", "elf-class", "lock-open", "mkdir", "mkdir-dangling-symlink", "host-stat", "marker-write",
+], ids=["make-private", "stat-beneath", "elf-class", "lock-open", "mkdir", "mkdir-dangling-symlink", "host-stat", "marker-write",
         "marker-appears-and-goes", "fill-in-place", "soname-read", "done-flag"])
 def test_each_step_fails_as_its_kind(step, fail, kind):
     """A step whose system call fails ends the start as that step's kind of failure (its own exit
