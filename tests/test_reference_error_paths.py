@@ -201,6 +201,21 @@ def test_ldconfig_error_is_one_bounded_line():
     assert message.endswith(long_error[-200:]) and long_error[-201:] not in message
 
 
+@pytest.mark.parametrize("code", [1, -9], ids=["exit-1", "killed"])
+@pytest.mark.parametrize("step, command, kind", [(core.run_configure, "configure", "cli-failed"),
+                                                 (core.file_set, "list", "bad-input")])
+def test_a_cli_that_fails_or_is_killed_fails_the_start(step, command, kind, code):
+    """REF-1 and REF-6: a CLI `list` or `configure` that exits non-zero, or is killed by a signal
+    (a negative code: the OOM killer, a node agent's timeout), fails the start as its step's kind,
+    naming the exit code and the CLI's last stderr line. A killed configure is no success: it may
+    have mounted half the file set."""
+    cli = "nvidia-container-cli"
+    ctx = core.Ctx(ScriptedSys({}, {cli: (code, "", "nvidia-container-cli: detail\nnvidia-container-cli: the error\n")}), JAIL)
+    with pytest.raises(core.Fatal) as e:
+        step(ctx)
+    assert e.value.kind == kind and f"`{cli} {command}` failed (exit {code}): nvidia-container-cli: the error" in str(e.value)
+
+
 @pytest.mark.parametrize("there", [None, regular(26), regular(core.REAL_CONTENT_MIN), (stat.S_IFDIR | 0o755, 4096),
                                    regular(core.REAL_CONTENT_MIN + 1)], ids=["none", "marker", "1-KiB", "directory", "real"])
 def test_nvml_soname_is_stale_unless_real_content(there):
@@ -437,8 +452,12 @@ def test_populate_cleanup_tolerates_what_went_meanwhile():
 # Where each jail's library directory leads: out by an absolute link, out by `..`, out into a
 # sibling whose name begins with the jail's own (a prefix test without the '/' would let it pass),
 # and inside (`lib -> usr/lib`, as merged-/usr jails have it).
-LEADS = {"absolute": "{tmp}/elsewhere", "dotdot": "../../../elsewhere", "sibling": "{tmp}/jail-other",
-         "inside": "../../lib"}
+# lead: (the jail symlink, where it points). The library directory, or the target file itself
+# (its last component: resolved by the per-name shortcut of _resolved, not by its directory's realpath).
+LEADS = {"absolute": (LIB, "{tmp}/elsewhere"), "dotdot": (LIB, "../../../elsewhere"),
+         "sibling": (LIB, "{tmp}/jail-other"), "inside": (LIB, "../../lib"),
+         "file-absolute": (f"{LIB}/libcuda.so.550.54.15", "{tmp}/elsewhere/libcuda.so.550.54.15"),
+         "file-inside": (f"{LIB}/libcuda.so.550.54.15", "../../../lib/libcuda.so.550.54.15")}
 
 
 @pytest.mark.parametrize("lead", sorted(LEADS))
@@ -452,11 +471,13 @@ def test_a_target_led_out_of_the_jail_is_refused_before_anything_runs(tmp_path, 
     jail = tmp_path / "jail"
     for d in ("elsewhere", "jail-other", "jail/lib", "jail/usr/lib"):
         (tmp_path / d).mkdir(parents=True, exist_ok=True)
-    (jail / LIB).symlink_to(LEADS[lead].format(tmp=tmp_path))
+    link, dest = LEADS[lead]
+    (jail / link).parent.mkdir(parents=True, exist_ok=True)
+    (jail / link).symlink_to(dest.format(tmp=tmp_path))
     pairs = [("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", f"{LIB}/libcuda.so.550.54.15"),
              ("/usr/bin/nvidia-smi", "usr/bin/nvidia-smi")]
     ctx = core.Ctx(RealSys(), str(jail))
-    if lead == "inside":
+    if lead.endswith("inside"):
         core.all_inside(ctx, pairs)
         return
     with pytest.raises(core.Fatal) as e:
