@@ -575,3 +575,25 @@ def test_a_stale_soname_link_removed_meanwhile_still_gets_its_marker():
     ctx.sonames = {rel: f"{LIB}/libnvidia-ml.so.550.54.15"}
     core.place_marker(ctx, rel, 0o644)
     assert ctx.sys.files[rel] == (stat.S_IFREG | 0o644, len(core.MARKER))
+
+
+class Image(ScriptedSys):
+    """`read_image` of any host file: the given bytes."""
+
+    def __init__(self, data: bytes):
+        super().__init__({})
+        self.data = data
+
+    def read_image(self, path):
+        return self.data
+
+
+@pytest.mark.parametrize("data, is32", [
+    (elf.shared_object("libcuda.so.1"), False), (elf.shared_object("libcuda.so.1", machine="i386"), True),
+    (b"/* GNU ld script */\nGROUP ( libfoo.so.1 )\n", False), (b"\x7fELF\x00" + bytes(59), False)],
+    ids=["64-bit", "32-bit", "not-elf", "class-none"])
+def test_only_an_elf32_image_is_32_bit(data, is32):
+    """REF-2: a library is 32-bit when its ELF header says ELFCLASS32, and only then: a listed file
+    that is no ELF image (a linker script) or has no class (ELFCLASSNONE, a torn header) is not
+    placed in the 32-bit directory, and is no crash."""
+    assert core.elf32(core.Ctx(Image(data), JAIL), "/usr/lib/x86_64-linux-gnu/libcuda.so.1") is is32
