@@ -597,3 +597,14 @@ def test_only_an_elf32_image_is_32_bit(data, is32):
     that is no ELF image (a linker script) or has no class (ELFCLASSNONE, a torn header) is not
     placed in the 32-bit directory, and is no crash."""
     assert core.elf32(core.Ctx(Image(data), JAIL), "/usr/lib/x86_64-linux-gnu/libcuda.so.1") is is32
+
+
+def test_make_parents_creates_every_missing_parent_from_the_top():
+    """REF-5: a target under a top-level directory the jail image lacks (a minimal image without
+    /opt or /run) gets every parent, the top one first, mode 0755; the existing ones are left."""
+    ctx = core.Ctx(Failing({"usr": (stat.S_IFDIR | 0o755, 4096)}, {}), JAIL)
+    core.make_parents(ctx, "opt/nvidia/x/libfoo.so.1")
+    core.make_parents(ctx, "usr/lib/libbar.so.1")
+    assert {rel: mode for rel, (mode, _) in ctx.sys.files.items()} == {
+        "usr": stat.S_IFDIR | 0o755, "usr/lib": stat.S_IFDIR | 0o755, "opt": stat.S_IFDIR | 0o755,
+        "opt/nvidia": stat.S_IFDIR | 0o755, "opt/nvidia/x": stat.S_IFDIR | 0o755}
