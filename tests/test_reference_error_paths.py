@@ -608,3 +608,25 @@ def test_make_parents_creates_every_missing_parent_from_the_top():
     assert {rel: mode for rel, (mode, _) in ctx.sys.files.items()} == {
         "usr": stat.S_IFDIR | 0o755, "usr/lib": stat.S_IFDIR | 0o755, "opt": stat.S_IFDIR | 0o755,
         "opt/nvidia": stat.S_IFDIR | 0o755, "opt/nvidia/x": stat.S_IFDIR | 0o755}
+
+
+def test_direct_checks_the_soname_links_it_kept(monkeypatch):
+    """direct, REF-12 with REF-7: a soname link kept because it named this node's own library is
+    checked by path after the mounts, as reference's mount_sonames does: another node's ldconfig can
+    re-point it (here to a marker of another version) after it was kept, and the start must then
+    fail, not touch the done flag. No failpoint sits between direct's verify and this check, so
+    direct's steps are stubbed around it (each has its own tests) and the jail is scripted."""
+    host = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"
+    lib, soname = (host, f"{LIB}/libnvidia-ml.so.550.54.15"), (host, f"{LIB}/libnvidia-ml.so.1")
+    ctx = core.Ctx(ScriptedSys({soname[1]: regular(26)}), JAIL)   # the kept link, now resolving to a marker
+    done = []
+    for name, stub in {"file_set": lambda c: [lib[0]], "plan": lambda c, paths: [lib],
+                       "with_sonames": lambda c, pairs: (c, [soname]), "ensure_placeholders": lambda c, pairs: None,
+                       "isolate": lambda c: None, "jail_mounts": lambda c: {}, "kept_soname_link": lambda c, rel: True,
+                       "for_capabilities": lambda c, pairs: pairs, "verify": lambda c, before, wanted: [lib[1]],
+                       "ensure_soname": lambda c, mounted: None, "mark_done": lambda c: done.append(True)}.items():
+        monkeypatch.setattr(core, name, stub)
+    monkeypatch.setattr(direct, "mount_directly", lambda c, pairs: None)
+    with pytest.raises(core.Fatal) as e:
+        direct.gpu_worker(ctx)
+    assert e.value.kind == "verify-failed" and f"{JAIL}/{soname[1]}" in str(e.value) and not done
