@@ -15,8 +15,9 @@ and start_costs.py (cli-startup, start-parts). It returns table rows (measure.py
 measured (median of repeated runs), and the comparison measured *in the same run* with the ratio,
 since absolute times drift on shared machines. `--quick` repeats less (a smoke run, also in the
 self-tests). This module is the command: it runs the figures asked for, prints the table and
-writes the JSON. A figure that raises is a FAILED row (the traceback in the JSON) and exit 5: the
-other figures of an hour's run are still written.
+writes the JSON, again after each figure (a run stopped in its last figure keeps the others). A
+figure that raises is a FAILED row (the traceback in the JSON) and exit 5: the other figures of an
+hour's run are still written.
 
   seed-bug     legacy reproducing the seed bug, deterministic and randomised, 2 and 8 workers;
                reference on the same seeds
@@ -113,6 +114,7 @@ def run(args) -> int:
            "figures": {}}
     rows: list[Row] = []
     failed: list[str] = []
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpujail-bench-") as d:
         for name in args.only or FIGURES:
             t = time.monotonic()
@@ -126,8 +128,10 @@ def run(args) -> int:
             rows += new
             out["figures"][name] = {"rows": [dataclasses.asdict(r) for r in new], "raw": raw,
                                     "seconds": round(time.monotonic() - t, 1)}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+            # after each figure, not only at the end: an hour's run stopped in its last figure
+            # keeps the others (the JSON then lacks the figures not reached)
+            Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+            print(f"... {name}: {out['figures'][name]['seconds']:g} s", file=sys.stderr, flush=True)
     print(f"{out['date']} on {machine}{' (--quick)' if args.quick else ''}\n\n{table(rows)}\n\nJSON: {args.json}")
     if failed:
         print(f"benchmarks: {len(failed)} figure(s) failed: {', '.join(failed)} (the traceback of each is in the JSON)",

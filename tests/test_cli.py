@@ -348,10 +348,14 @@ def test_explore_bounded_proves_a_bound_or_prints_the_failing_plan(tmp_path):
 @pytest.mark.kernel
 @needs_kernel
 def test_bench_one_cheap_figure(tmp_path):
+    """`gpujail bench`: the table, and the JSON written as each figure ends (an hour's run stopped
+    in its last figure keeps the others), which stderr reports with the figure's time."""
     out = tmp_path / "bench.json"
     r = gpujail(tmp_path, "bench", "--quick", "--only", "model", "--json", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "model steps/s" in r.stdout and json.loads(out.read_text())["quick"] is True
+    saved = json.loads(out.read_text())
+    assert "model steps/s" in r.stdout and saved["quick"] is True
+    assert re.search(r"^\.\.\. model: [0-9.]+ s$", r.stderr, re.M) and saved["figures"]["model"]["seconds"] > 0
 
 
 # -- the pieces: exit codes, progress, the HTML report -----------------------------------------
