@@ -59,7 +59,7 @@ def jail_fs(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     (gpujail/backends/jailfs.py), against a local directory: caught n/20 and the median time from
     the run's start to the first violation; then worker starts/s, reference, 16 workers at once on
     a warm jail, GlusterFS against local (median of 3)."""
-    from gpujail.backends import jailfs
+    from gpujail.backends import jailfs, jailfs_fleet
     reason = jailfs.unavailable("gluster")
     if reason:
         return [Row("jail on GlusterFS", f"not measured: {reason}")], {"unavailable": reason}
@@ -68,7 +68,7 @@ def jail_fs(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
     sc = scenario.load("cold-race")
     caught = {}
     for kind in ("gluster", "local"):
-        fleet_class = jailfs.fleet_class(kernel.Fleet, kind)
+        fleet_class = jailfs_fleet.fleet_class(kernel.Fleet, kind)
         times = []
         for seed in range(runs):
             t = first_violation_s(runner.run(sc, "legacy", tmp / f"cold-race-{kind}-{seed}", seed=seed,
@@ -88,7 +88,7 @@ def jail_fs(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
         for rep in range(reps):
             run_dir = tmp / f"starts-{kind}-{rep}"
             jail = make_jail(run_dir / "jail")
-            with jailfs.fleet_class(kernel.Fleet, kind).recording(jail, run_dir) as fleet:
+            with jailfs_fleet.fleet_class(kernel.Fleet, kind).recording(jail, run_dir) as fleet:
                 assert start_worker(fleet, "prewarm", "reference").ready
                 ready, wall = start_many(fleet, "reference", 16, "w")
             rates.append(ready / wall)
