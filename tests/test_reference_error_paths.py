@@ -486,14 +486,14 @@ def test_a_target_led_out_of_the_jail_is_refused_before_anything_runs(tmp_path, 
 
 
 class Images(ScriptedSys):
-    """`read_image` of each host library: an ELF shared object with the given soname."""
+    """`read_image` of each host file: the bytes given for its path."""
 
-    def __init__(self, sonames: dict[str, str]):
+    def __init__(self, images: dict[str, bytes]):
         super().__init__({})
-        self.sonames = sonames
+        self.images = images
 
     def read_image(self, path):
-        return elf.shared_object(self.sonames[path])
+        return self.images[path]
 
 
 def test_soname_targets_are_the_libraries_whose_soname_differs_from_their_name():
@@ -507,7 +507,7 @@ def test_soname_targets_are_the_libraries_whose_soname_differs_from_their_name()
                host + "libnvidia-tls.so.1.0": "libnvidia-tls.so.2",   # a soname after its file name
                host + "libnvidia-odd.so.5": "../evil/libnvidia-odd.so.1"}
     pairs = [(h, f"{LIB}/{os.path.basename(h)}") for h in sonames] + [("/usr/bin/nvidia-smi", "usr/bin/nvidia-smi")]
-    got = core.soname_pairs(core.Ctx(Images(sonames), JAIL), pairs)
+    got = core.soname_pairs(core.Ctx(Images({h: elf.shared_object(n) for h, n in sonames.items()}), JAIL), pairs)
     assert got == [(host + "libnvidia-ml.so.550.54.15", f"{LIB}/libnvidia-ml.so.1"),
                    (host + "libnvidia-tls.so.1.0", f"{LIB}/libnvidia-tls.so.2")]
 
@@ -577,17 +577,6 @@ def test_a_stale_soname_link_removed_meanwhile_still_gets_its_marker():
     assert ctx.sys.files[rel] == (stat.S_IFREG | 0o644, len(core.MARKER))
 
 
-class Image(ScriptedSys):
-    """`read_image` of any host file: the given bytes."""
-
-    def __init__(self, data: bytes):
-        super().__init__({})
-        self.data = data
-
-    def read_image(self, path):
-        return self.data
-
-
 @pytest.mark.parametrize("data, is32", [
     (elf.shared_object("libcuda.so.1"), False), (elf.shared_object("libcuda.so.1", machine="i386"), True),
     (b"/* GNU ld script */\nGROUP ( libfoo.so.1 )\n", False), (b"\x7fELF\x00" + bytes(59), False)],
@@ -596,7 +585,8 @@ def test_only_an_elf32_image_is_32_bit(data, is32):
     """REF-2: a library is 32-bit when its ELF header says ELFCLASS32, and only then: a listed file
     that is no ELF image (a linker script) or has no class (ELFCLASSNONE, a torn header) is not
     placed in the 32-bit directory, and is no crash."""
-    assert core.elf32(core.Ctx(Image(data), JAIL), "/usr/lib/x86_64-linux-gnu/libcuda.so.1") is is32
+    path = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    assert core.elf32(core.Ctx(Images({path: data}), JAIL), path) is is32
 
 
 def test_make_parents_creates_every_missing_parent_from_the_top():
