@@ -11,7 +11,7 @@ import pytest
 
 from gpujail.chaos import fault_table, runner
 from gpujail.chaos.checkers.cells import cell_id
-from gpujail.chaos.test_scenarios import verdict
+from gpujail.chaos.test_scenarios import skip_if_unreached, verdict
 from gpujail.options import seed_of
 
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-4", "INV-5", "INV-6")]
@@ -21,9 +21,5 @@ pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "IN
 def test_fault_cell(role, step, neighbours, impl, fleet_class, artefacts_dir, request, tmp_path):
     sc = fault_table.case(role, step, neighbours)
     result = runner.run(sc, impl, tmp_path / "run", seed=seed_of(request.config), fleet_class=fleet_class)
-    failed, _ = result.judge()
-    unfired = result.unfired()
-    if not failed and unfired:
-        request.node.user_properties += [("cells", result.cells), ("unreachable", cell_id(role, step, neighbours))]
-        pytest.skip(f"unreachable for {impl}: {', '.join(unfired)} never acted")
+    skip_if_unreached(result, request, impl, unreachable=cell_id(role, step, neighbours))
     verdict(result, request, artefacts_dir)

@@ -94,7 +94,22 @@ def verdict(result, request, artefacts_dir, more=lambda result: "") -> None:
 
 PER_FILE = ["cli.before_mkdir", "cli.before_create", "cli.before_mount", "cli.after_mount", "cli.after_remount",
             "cli.before_remove"]
+AFTER_A_MOUNT = PER_FILE[2:]   # the failing CLI has mounts to undo: its cleanup is what can hurt a neighbour
 ONCE = ["cli.before_list", "cli.after_list", "cli.before_ldconfig", "cli.before_exit", "cli.before_cleanup"]
+
+
+def skip_if_unreached(result, request, impl, unreachable: str = "") -> None:
+    """A run that broke nothing while a fault it exists for never acted tested nothing of that
+    fault: the implementation never reaches the step (`direct` has no CLI steps; behind markers the
+    CLI creates nothing). It is skipped as unreachable, naming the faults that never acted; never a
+    pass. A run that breaks an invariant fails whether or not its fault acted."""
+    failed, _ = result.judge()
+    unfired = result.unfired()
+    if not failed and unfired:
+        request.node.user_properties.append(("cells", result.cells))
+        if unreachable:
+            request.node.user_properties.append(("unreachable", unreachable))
+        pytest.skip(f"unreachable for {impl}: {', '.join(unfired)} never acted")
 
 
 @pytest.mark.parametrize("failpoint", PER_FILE + ONCE)
@@ -102,14 +117,22 @@ def test_cli_error_at_every_failpoint(failpoint, impl, fleet_class, artefacts_di
     """SPEC section 7, "CLI error at any failpoint": five workers start on a cold jail and w4's CLI
     fails at `failpoint` (per-file steps: at the 4th hit, after waiting until the others are
     ready; once-per-run steps: at once). Nobody may lose a file and everyone converges.
-    (w0 is also made to fail at cli.before_mount, so that cli.before_cleanup/before_remove have a
-    cleanup to interrupt.) Whether a step is reached at all depends on the implementation: with
-    markers in place the CLI creates nothing, so mkdir/create faults never fire there."""
+    At the steps after a mount, w4 starts only once the others are done: its first CLI run must
+    reach its fault, and in the cold race a CLI without markers can fail earlier by itself (then
+    the fault never acts and the run proves nothing). At cli.before_cleanup/before_remove w4 also
+    fails at its 9th cli.before_mount, so that there is a cleanup to interrupt. Whether a step is
+    reached at all depends on the implementation (with markers in place the CLI creates nothing, so
+    mkdir/create faults never act there): a run that breaks nothing where its fault never acted is
+    skipped as unreachable."""
     term = "3*off->1*pause(late)->return(EIO)" if failpoint in PER_FILE else "return(EIO)"
     faults = [scenario.Fault("w4", failpoint, term)]
     if failpoint in ("cli.before_cleanup", "cli.before_remove"):
         faults.append(scenario.Fault("w4", "cli.before_mount", "8*off->return(EIO)"))
+    after_a_mount = failpoint in AFTER_A_MOUNT
     sc = scenario.Scenario(name=f"cli-error-at-{failpoint}", gpu_workers=5, max_restarts=2,
-                           barriers=["late"] if failpoint in PER_FILE else [], faults=faults)
+                           barriers=(["late"] if failpoint in PER_FILE else []) + (["others-done"] if after_a_mount else []),
+                           start_after={"w4": "others-done"} if after_a_mount else {},
+                           windows=["failure-while-ready"] if after_a_mount else [], faults=faults)
     result = runner.run(sc, impl, tmp_path / "run", seed=seed_of(request.config), fleet_class=fleet_class)
+    skip_if_unreached(result, request, impl)
     verdict(result, request, artefacts_dir)

@@ -278,6 +278,37 @@ def test_unexpected_pass_is_red(run, cases):
     assert "XPASS(strict)" in result.stdout.str() and "was broken" in result.stdout.str()
 
 
+def test_an_expected_failure_that_proves_nothing_is_inconclusive(run, pytester):
+    """A chaos run expected to fail that proved nothing (it raised `Inconclusive`: a fault window
+    never opened) did not fail as expected: it is inconclusive and the run is red. [inconclusive]
+    accepts such a run, and [intermittent], which promises no outcome (legacy takes no lock, so a
+    stopped lock holder's window stays shut unless the cold race hurts someone first)."""
+    pytester.makepyfile(test_unproven="""
+        import pytest
+        from gpujail.chaos.checkers.results import Inconclusive
+
+        @pytest.mark.req("INV-1")
+        def test_expected(request):
+            request.node.user_properties.append(("inconclusive", "INCONCLUSIVE: window never opened"))
+            raise Inconclusive("INCONCLUSIVE: window never opened")
+
+        @pytest.mark.req("INV-2")
+        def test_flaky(request):
+            request.node.user_properties.append(("inconclusive", "INCONCLUSIVE: window never opened"))
+            raise Inconclusive("INCONCLUSIVE: window never opened")
+    """)
+    exp = pytester.makefile(".toml", unproven='[tests]\n"test_unproven.py::test_expected" = "loses content"\n'
+                                              '[intermittent]\n"test_unproven.py::test_flaky" = "timing"\n')
+    report = pytester.path / "reports" / "summary.json"
+    result = run(f"--expectations={exp}", f"--gpujail-report={report}")
+    result.assert_outcomes(failed=1, xfailed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, output(result)
+    assert "loses content; but INCONCLUSIVE: window never opened" in result.stdout.str()
+    statuses = {t["test"].split("::")[1]: t["status"] for r in ("INV-1", "INV-2")
+                for t in json.loads(report.read_text())["requirements"][r]["tests"]}
+    assert statuses == {"test_expected": "inconclusive", "test_flaky": "expected-fail"}
+
+
 def test_json_summary_groups_outcomes_by_requirement(run, cases, pytester):
     """--gpujail-report writes the run info and, per requirement, each test's status (passed,
     failed, expected-fail, unexpected-pass, skipped) with the reason, and lists the requirements no

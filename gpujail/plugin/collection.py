@@ -41,6 +41,7 @@ SELF_CHECK = "self_check"
 NEEDS_CLI = "needs_cli"   # needs_cli("configure"): a test that fails or stubs that CLI command (contract.cli_commands)
 CACHED = "already checked on this host"   # a self-check's skip reason when it passed here before
 EXPECTED_INCONCLUSIVE = "expected inconclusive: "   # the xfail reason of a test listed under [inconclusive]
+EXPECTED_TO_FAIL = "expected to fail: "   # the xfail reason of a test listed under [tests] or by requirement
 
 
 class Collection:
@@ -104,7 +105,7 @@ class Collection:
             return
         reason = reason or next((f"{i}: {exp['requirements'][i]}" for i in ids if i in exp["requirements"]), None)
         if reason:
-            item.add_marker(pytest.mark.xfail(reason=f"expected to fail: {reason}", strict=True))
+            item.add_marker(pytest.mark.xfail(reason=f"{EXPECTED_TO_FAIL}{reason}", strict=True))
 
 
 def purpose(item) -> str:

@@ -7,7 +7,8 @@ How this works
 
 * `pytest_runtest_makereport`: a test that failed because the launcher's cluster cannot run the
   agents is a skip with the launcher's line (the run's `unavailable`, exit 3), and the session
-  stops; a strict XPASS of a chaos run says the run's verdict in its log.
+  stops; a strict XPASS of a chaos run says the run's verdict in its log; a test expected to fail
+  that raised `Inconclusive` is inconclusive, not an expected failure.
 * `pytest_runtest_logreport`: one outcome per test, the worst of its phases, in words a report
   reads (expected-fail, expected-inconclusive, passed-intermittent, unexpected-pass, inconclusive,
   and pytest's own), with the reason (`failure_reason`) and a chaos run's invariants, windows and
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujail.plugin.collection import CACHED, EXPECTED_INCONCLUSIVE, SELF_CHECK, SelfCheckCache
+from gpujail.plugin.collection import CACHED, EXPECTED_INCONCLUSIVE, EXPECTED_TO_FAIL, SELF_CHECK, SelfCheckCache
 from gpujail.report import HARNESS_FAMILIES, status_under
 from gpujail.report_page import write_html
 from gpujail.spec import CONTRACT_VERSION, PENDING, REQUIREMENTS
@@ -48,6 +49,13 @@ class Outcomes:
         verdict = dict(item.user_properties).get("verdict")
         if verdict and report.failed and "XPASS(strict)" in report.longreprtext:   # why it passed, in the log
             report.longrepr = f"{report.longreprtext}\nthe run's verdict:\n{verdict}"
+        if hasattr(report, "wasxfail") and report.wasxfail.startswith(EXPECTED_TO_FAIL) and call.excinfo:
+            from gpujail.chaos.checkers.results import Inconclusive
+            if call.excinfo.errisinstance(Inconclusive):
+                # Expected to fail, but the run proved nothing: that is no failure as expected. Only
+                # [inconclusive] (and [intermittent], which promises nothing) accept such a run.
+                report.outcome, report.longrepr = "failed", f"{report.wasxfail}; but {call.excinfo.value}"
+                del report.wasxfail
         if report.failed and call.excinfo is not None and self.value("launcher"):
             from gpujail.launchers.coordinator import launch_failure
             failure = launch_failure(call.excinfo.value)
