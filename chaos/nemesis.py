@@ -33,7 +33,7 @@ from gpujail.fixtures import drivers
 from gpujail.fixtures import jail as jail_image
 from gpujail.fixtures.drivers import DEFAULT_VERSION
 from gpujail.reference_impl import core
-from gpujail.spec import LOCK
+from gpujail.spec import LOCK, last_error
 from gpujail.world import history
 from gpujail.world.failpoints import Barrier
 
@@ -292,6 +292,6 @@ def upgrade_host(node, worker: str, upgrade: HostUpgrade, old: str, layout: str,
                        capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise RuntimeError(f"upgrading {worker}'s host driver to {upgrade.version} failed: "
-                           f"{(r.stderr.strip().splitlines() or ['exit ' + str(r.returncode)])[-1]}")
+                           f"{last_error(r.stderr, r.returncode)}")
     log("chaos.upgrade", worker=worker, version=upgrade.version, old=old, barrier=upgrade.barrier,
         paths=json.loads(r.stdout))

@@ -125,3 +125,11 @@ IMPL_EXIT = {"ready": 0, "bad-input": 2, "lock-timeout": 3, "cli-failed": 4, "ve
 # Exit codes of the `gpujail` command and its subcommands (README.md).
 EXIT = {"passed": 0, "failed": 1, "bad-input": 2, "backend": 3, "inconclusive": 4, "error": 5, "interrupted": 130}
 assert len(set(IMPL_EXIT.values())) == len(IMPL_EXIT) and len(set(EXIT.values())) == len(EXIT)
+
+
+def last_error(stderr: str, code: int) -> str:
+    """A failed command's last stderr line, at most 200 characters: the error a one-line message
+    names (the lines before it are context, and one long line must not flood an orchestrator's
+    log). The implementations name a failed CLI, ldconfig or nvidia-ctk by it, the harness a failed
+    helper of its own."""
+    return (stderr.strip().splitlines() or [f"exit code {code}"])[-1][-200:]

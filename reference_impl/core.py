@@ -39,7 +39,6 @@ from gpujail.reference_impl.host import (  # noqa: F401 (isolate, run_configure:
     is_library,
     isolate,
     jail_mounts,
-    last_error,
     run_configure,
     soname_pairs,
     target,
@@ -51,6 +50,7 @@ from gpujail.spec import (
     PLACEHOLDER_MAX,
     PLACEHOLDER_NAME,
     REAL_CONTENT_MIN,
+    last_error,
 )
 from gpujail.world import failpoints, history
 from gpujail.world.sysops import MS_NODEV, MS_NOSUID, MS_RDONLY

@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpujail.spec import CAPABILITIES, IMPL_EXIT, LOCK
+from gpujail.spec import CAPABILITIES, IMPL_EXIT, LOCK, last_error
 from gpujail.world import failpoints, history
 from gpujail.world.sysops import LockTimeout
 
@@ -195,12 +195,6 @@ def run_configure(ctx: Ctx) -> None:
     code, _, err = ctx.sys.run(argv)
     if code != 0:
         raise Fatal("cli-failed", f"`{ctx.cli} configure` failed (exit {code}): {last_error(err, code)}")
-
-
-def last_error(stderr: str, code: int) -> str:
-    """A failed command's last stderr line, at most 200 characters: the error a one-line message
-    names (the lines before it are context, and one long line must not flood an orchestrator's log)."""
-    return (stderr.strip().splitlines() or [f"exit code {code}"])[-1][-200:]
 
 
 def for_capabilities(ctx: Ctx, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
