@@ -21,6 +21,7 @@ cleared, with the reason (probes.unanswered), and a fresh child probes the files
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import os
 import select
@@ -172,6 +173,9 @@ def _probe_in_child(files: list[dict], todo: list[int], mountpoints: set[str], r
     if pid == 0:
         code = 1   # an exception in here is a death too, never a silent end
         try:
+            # A library that kills this child is a result the parent reports, not a crash of the
+            # node's: no faulthandler dump (pytest's, inherited) on the shared stderr
+            faulthandler.disable()
             os.close(r)
             for i in todo:
                 f = files[i]
