@@ -114,15 +114,19 @@ def test_a_bundled_start_is_forked_a_vendor_command_execd_and_both_killed_at_the
     for argv, expect in ((command_for("reference", str(jail), "w", "gpu-worker"), "gpujail.backends.node"),
                          (["sh", "-c", "sleep 60 & sleep 60"], "sh -c sleep 60")):
         seen: dict[int, str] = {}
+        done = threading.Event()
 
         def watch():
-            deadline = time.monotonic() + 20
-            while not seen and time.monotonic() < deadline:
-                seen.update(children(node.pid1))
+            # each child's latest command line, for as long as the start runs: a forked child shows
+            # the node's until its exec, so the first sample alone could catch a vendor command
+            # before its exec (seen in CI) or a bundled one wrongly exec'd before it
+            while not done.is_set():
+                seen.update({pid: cmd for pid, cmd in children(node.pid1).items() if cmd})   # a zombie's is ""
                 time.sleep(0.01)
         t = threading.Thread(target=watch)
         t.start()
         r = node.run(argv, env=node.contract_env(extra=slow), timeout=2)
+        done.set()
         t.join()
         assert r.code == "timeout", r
         assert "timeout after 2 s" in r.stderr
