@@ -10,10 +10,10 @@
 # nothing, and its failure cleanup (which deletes only 0-byte files) cannot hurt other workers. We
 # verify the CLI's mounts by size instead of trusting its exit code.
 #
-# REF-11 in shell: every write happens after `cd -P` into the target directory and a check that
-# `pwd -P` is inside the jail; the file is then created by a relative name with noclobber (O_EXCL),
-# so a symlink out of the jail is refused. (A C or Python implementation should use openat2 with
-# RESOLVE_IN_ROOT instead; see reference_impl/core.py.)
+# REF-11 in shell: every write happens after `cd -P` into the target directory and a check that its
+# physical path ($PWD after `cd -P`) is inside the jail; the file is then created by a relative name
+# with noclobber (O_EXCL), so a symlink out of the jail is refused. (A C or Python implementation
+# should use openat2 with RESOLVE_IN_ROOT instead; see reference_impl/core.py.)
 set -eu
 umask 022   # a marker is created 0644, the mode of most host libraries: only other modes need a chmod
 
@@ -78,12 +78,12 @@ enter_dir() {
         [ -n "$part" ] || continue
         if [ ! -e "$part" ] && [ "${2:-}" = create ]; then
             mkdir -m 0755 -- "$part" 2>/dev/null || [ -d "$part" ] ||
-                die 8 "cannot create directory $(pwd -P)/$part"
+                die 8 "cannot create directory $PWD/$part"
         fi
         cd -P -- "$part" 2>/dev/null || return 1
-        case "$(pwd -P)/" in
+        case "$PWD/" in   # (after `cd -P`, $PWD is what `pwd -P` prints, without a subshell: POSIX)
             "$JAIL"/*) ;;
-            *) die 7 "$1: component $part resolves to $(pwd -P), outside the jail $JAIL" ;;
+            *) die 7 "$1: component $part resolves to $PWD, outside the jail $JAIL" ;;
         esac
     done
     IFS=$old_ifs
@@ -109,7 +109,7 @@ dummy_mounts() {
         ( enter_dir "$d" || exit 0
           for f in lib*.so.*; do
               [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %s -- "$f")" -lt 64 ] || continue
-              if ! { mount --bind -- "$dummy" "$(pwd -P)/$f" && mount -o remount,bind,ro,nodev,nosuid -- "$(pwd -P)/$f"; }; then
+              if ! { mount --bind -- "$dummy" "$PWD/$f" && mount -o remount,bind,ro,nodev,nosuid -- "$PWD/$f"; }; then
                   [ -e "$f" ] || continue              # removed meanwhile: fine
                   die 8 "cannot mount the dummy library over $JAIL/$d/$f"
               fi
@@ -376,7 +376,7 @@ printf '%s\n' "$sonames" | while IFS='	' read -r host rel; do
         continue
     fi
     [ -f "$f" ] && [ ! -L "$f" ] || die 5 "$JAIL/$rel: the soname placeholder is not a regular file"
-    here=$(pwd -P)/$f
+    here=$PWD/$f
     if ! { mount --bind -- "$host" "$here" && mount -o remount,bind,ro,nodev,nosuid -- "$here"; }; then
         die 5 "cannot mount $host over the soname $JAIL/$rel"
     fi
