@@ -352,38 +352,44 @@ gone=$({ printf '%s\n' "$new" | sed 's/^/have /'
          done | xargs -r -d '\n' realpath -m -- | sed 's/^/want /'
        } | awk '$1 == "have" { have[substr($0, 6)] = 1; next } !(substr($0, 6) in have) { print substr($0, 6); exit }')
 [ -z "$gone" ] || die 5 "$gone: not mounted after configure: detached meanwhile, or never mounted"
-# each new mount's size, "SIZE POINT" lines, read by one stat (not one per mount)
-sizes=$NL$(printf '%s\n' "$new" | xargs -r -d '\n' stat -L -c '%s %n' -- 2>/dev/null)$NL || true
+# sizes_of PATHS: each of the newline-separated PATHS' size (following links), read by one stat, not
+# one per path; size_of PATH then sets $size from them (the line before " PATH"; empty if it was missing,
+# which `[ "$size" -gt 1024 ]` refuses).
+sizes_of() { sizes=$NL$(printf '%s\n' "$1" | xargs -r -d '\n' stat -L -c '%s %n' -- 2>/dev/null)$NL || true; }
+size_of() { size=${sizes%%" $1$NL"*}; size=${size##*"$NL"}; }
+sizes_of "$new"
 printf '%s\n' "$new" | while IFS= read -r point; do
     [ -e "$point" ] || die 5 "$point: mount detached right after configure"
     if [ -f "$point" ]; then
-        size=${sizes%%" $point$NL"*}; size=${size##*"$NL"}   # the line before " POINT": its size
+        size_of "$point"
         [ "$size" -gt 1024 ] || die 5 "$point: $size bytes through the jail, expected the driver file (> 1024 bytes): a placeholder, not a mount"
     fi
 done
 
 # REF-12: this node's own library over each soname placeholder whose library the CLI mounted,
-# read-only like the CLI's mounts, then real content by path (REF-7).
-printf '%s\n' "$sonames" | while IFS='	' read -r host rel; do
+# read-only like the CLI's mounts (a kept link leads to the library the CLI just mounted), then real
+# content by path (REF-7), all of them by one stat. Printed: the path of each soname checked.
+sonames_here=$(printf '%s\n' "$sonames" | while IFS='	' read -r host rel; do
     [ -n "$host" ] || continue
     dir=${rel%/*}
     case "$NL$new$NL" in *"$NL$JAIL/$dir/${host##*/}$NL"*) ;; *) continue ;; esac   # capability not asked for
     enter_dir "$dir" || die 7 "cannot enter $JAIL/$dir"
     f=${rel##*/}
-    if kept_link "$rel"; then                       # leads to the library the CLI just mounted
-        size=$(stat -L -c %s -- "$f")
-        [ "$size" -gt 1024 ] || die 5 "$JAIL/$rel: soname link shows $size bytes where $host should be"
-        continue
+    if ! kept_link "$rel"; then
+        [ -f "$f" ] && [ ! -L "$f" ] || die 5 "$JAIL/$rel: the soname placeholder is not a regular file"
+        if ! { mount --bind -- "$host" "$PWD/$f" && mount -o remount,bind,ro,nodev,nosuid -- "$PWD/$f"; }; then
+            die 5 "cannot mount $host over the soname $JAIL/$rel"
+        fi
     fi
-    [ -f "$f" ] && [ ! -L "$f" ] || die 5 "$JAIL/$rel: the soname placeholder is not a regular file"
-    here=$PWD/$f
-    if ! { mount --bind -- "$host" "$here" && mount -o remount,bind,ro,nodev,nosuid -- "$here"; }; then
-        die 5 "cannot mount $host over the soname $JAIL/$rel"
-    fi
-    size=$(stat -L -c %s -- "$f")
-    [ "$size" -gt 1024 ] || die 5 "$JAIL/$rel: soname shows $size bytes after mounting $host over it"
-done
+    printf '%s\n' "$PWD/$f"
+done)
 cd -P -- "$JAIL"
+sizes_of "$sonames_here"
+printf '%s\n' "$sonames_here" | while IFS= read -r point; do
+    [ -n "$point" ] || continue
+    size_of "$point"
+    [ "$size" -gt 1024 ] || die 5 "$point: the soname shows $size bytes, expected its driver library (> 1024 bytes)"
+done
 
 # REF-8: libnvidia-ml.so.1 must resolve to real content when NVML was mounted.
 soname_ok() { [ -f "$JAIL/$LIBDIR/libnvidia-ml.so.1" ] && [ "$(stat -L -c %s -- "$JAIL/$LIBDIR/libnvidia-ml.so.1")" -gt 1024 ]; }
