@@ -151,6 +151,24 @@ def test_a_sessions_settings_reach_its_nodes_not_the_environment(pytester, run, 
     assert spec.settings() == outer and environ() == before
 
 
+def test_each_plain_session_keeps_its_chaos_runs_apart(pytester, run):
+    """Without --gpujail-report, a chaos run's files go under what the session ran against: run-tests
+    runs the same tests against each implementation and jail file system in turn, and a later
+    session must not overwrite an earlier one's failing history (it did, in CI 34)."""
+    pytester.makepyfile(test_where="""
+        def test_where(artefacts_dir, record_property):
+            record_property("where", str(artefacts_dir))
+    """)
+    seen = []
+    for args in (["--impl", "legacy"], ["--impl", "legacy", "--jail-fs", "gluster"], ["--impl", "sh /bin/true"]):
+        result = run(*args, "-s", "-o", "junit_family=xunit1", f"--junitxml={pytester.path}/j.xml")
+        assert result.ret == 0, output(result)
+        seen.append(re.search(r'name="where" value="([^"]+)"', (pytester.path / "j.xml").read_text())[1])
+    root = pytester.path / "reports" / "chaos"
+    assert seen == [str(root / "legacy" / "test_where"), str(root / "legacy_jail-fs_gluster" / "test_where"),
+                    str(root / "sh_bin_true" / "test_where")]
+
+
 @pytest.mark.parametrize("impl,cli,outcome", [
     ("reference", None, {"failed": 2}),   # it runs both: the tests apply, and here they fail
     ("direct", None, {"failed": 1, "skipped": 1}),   # no configure: that one does not apply

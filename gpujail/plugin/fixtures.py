@@ -104,11 +104,18 @@ class Fixtures:
 
     @pytest.fixture
     def artefacts_dir(self, request) -> Path:
-        """Where this test keeps a failing chaos run's files: `<reports>/chaos/<test>/`, beside the
-        JSON summary (else `<rootdir>/reports`), where CI keeps them and report.html links them."""
+        """Where this test keeps a chaos run's files: `<reports>/chaos/<test>/` beside the JSON summary
+        (a `gpujail run`'s own directory), where report.html links them. A plain pytest session has
+        no summary: `<rootdir>/reports/chaos/<what it ran against>/<test>/`, so that the next session
+        (run-tests runs the same tests against each implementation, jail file system and launcher in
+        turn) does not overwrite a failing run's history."""
         summary = self.value("gpujail-report")
-        reports = Path(summary).parent if summary else Path(request.config.rootpath) / "reports"
-        return reports / CHAOS_DIR / artefact_name(request.node.nodeid)
+        if summary:
+            return Path(summary).parent / CHAOS_DIR / artefact_name(request.node.nodeid)
+        ran_against = [self.value("impl")] + [f"{name}={self.value(name)}" for name in ("backend", "jail-fs", "launcher")
+                                              if self.value(name) != options.BY_NAME[name].default]
+        return (Path(request.config.rootpath) / "reports" / CHAOS_DIR / artefact_name(",".join(ran_against))
+                / artefact_name(request.node.nodeid))
 
 
 class World:
