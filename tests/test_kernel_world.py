@@ -137,14 +137,16 @@ def host_view() -> dict:
         except FileNotFoundError:
             view[d] = None
     view["mounts"] = sorted((m.mountpoint, m.options) for m in RealSys().mounts()
-                            if not m.mountpoint.startswith(ENGINE_MOUNTS))
+                            if not any(m.mountpoint == d or m.mountpoint.startswith(d + "/") for d in ENGINE_MOUNTS))
     return view
 
 
 # A Docker Engine on the same host (the docker backend's tests, other jobs) mounts and unmounts
-# container file systems and network namespaces at any time: not the node's doing.
+# container file systems and network namespaces at any time, and its own directories themselves
+# (dockerd bind-mounts /var/lib/docker onto itself as it starts: CI 38 saw it appear while this test
+# ran beside run-tests' daemon lane): not the node's doing.
 ENGINE_STATE = ("docker", "containerd")
-ENGINE_MOUNTS = ("/var/lib/docker/", "/run/docker/", "/run/containerd/", "/var/lib/containerd/")
+ENGINE_MOUNTS = ("/var/lib/docker", "/run/docker", "/run/containerd", "/var/lib/containerd")
 
 
 def precreate_markers(targets: list[Target]) -> None:
