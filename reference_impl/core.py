@@ -27,6 +27,7 @@ import errno
 import fnmatch
 import os
 import stat
+import time
 
 from gpujail.reference_impl.host import (  # noqa: F401 (isolate, run_configure: the steps call them as core.*)
     LIB32,
@@ -438,7 +439,7 @@ def _lstat_in_jail(ctx: Ctx, rel: str):
 
 def populate_cleanup(ctx: Ctx, predicate=is_placeholder) -> list[str]:
     """On a reused jail: remove every placeholder and the installed flag (REF-9)."""
-    removed = []
+    removed, began = [], time.monotonic()
     for rel in placeholders(ctx, predicate):
         try:
             ctx.sys.unlink_beneath(ctx.jail, rel)
@@ -449,7 +450,7 @@ def populate_cleanup(ctx: Ctx, predicate=is_placeholder) -> list[str]:
         ctx.sys.unlink_beneath(ctx.jail, FLAG)
     except FileNotFoundError:
         pass
-    history.record("impl.populate_cleanup", removed=removed)
+    history.record("impl.populate_cleanup", removed=removed, began=began)
     return removed
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 from gpujail.world import history
 
@@ -36,9 +37,10 @@ class RenamingMarkers:
                 replaced = True
             except FileNotFoundError:
                 replaced = False
+            began = time.monotonic()
             os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
             if replaced:   # the old inode is gone from the jail, as by an unlink
-                history.record("impl.mutant.unlink", path=rel)
+                history.record("impl.mutant.unlink", path=rel, began=began)
         finally:
             os.close(pfd)
 

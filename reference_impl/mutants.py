@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import time
 import types
 from pathlib import Path
 from unittest import mock
@@ -45,8 +46,9 @@ def _on_ctx(core, change) -> None:
 def _unlink_placeholders(ctx, rels) -> None:
     for rel in rels:
         with contextlib.suppress(OSError):
+            began = time.monotonic()
             ctx.sys.unlink_beneath(ctx.jail, rel)
-            history.record("impl.mutant.unlink", path=rel)
+            history.record("impl.mutant.unlink", path=rel, began=began)
 
 
 # -- markers ----------------------------------------------------------------------------------

@@ -524,6 +524,23 @@ def test_inv5_loss_after_ready_is_inv1():
     assert [e["kind"] for e in v.chain] == ["failpoint", "cli.fail", "cli.cleanup.unlink"]
 
 
+@pytest.mark.parametrize("began, blamed", [(0.1055, "INV-1"), (0.1065, "INV-5")])
+def test_an_unlink_written_after_the_probe_it_hurt_is_still_its_cause(began, blamed):
+    """An event is written after its system call: B's unlink, begun before A's first probe ended but
+    written 1 ms after it, is what that probe saw (A was honest and lost the file: INV-1). One that
+    began after the probe ended cannot have hurt it (INV-5, A was ready without the file)."""
+    h = History()
+    h.ready_worker(0.0, "A")
+    h.failing_cli(0.1, "B", [NVML])   # its unlink written at t=0.106
+    h.events[-2]["began"] = T0 + began
+    placeholder = {"attached": False, "size": 0, "same_bytes": False}
+    h.probe(0.106 - 0.0001, "A", **{NVML: placeholder})
+    h.probe(0.2, "A", **{NVML: placeholder})   # probed after the unlink too: evidence enough
+    v = check(h.events, good_final(transient_only=False))
+    assert v.invariant == blamed
+    assert v.results["INV-1" if blamed == "INV-5" else "INV-5"].valid is True
+
+
 def test_lookup_results_say_what_the_loader_found():
     """A soname looked up through the jail's linker cache (node_probes.py probe_lookup) is judged like a
     file, under its own name, and the explanation says where the lookup led, or that it found

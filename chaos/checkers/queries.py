@@ -226,9 +226,12 @@ def _renamed_path(run: Run, event: dict) -> str:
 
 
 def removal_before(run: Run, path: str, victim: str, t: float) -> dict | None:
-    """The latest event before `t` by a node other than `victim` that removed the jail file `path`."""
+    """The latest event by a node other than `victim` that removed the jail file `path` and may have
+    acted before `t`: it took effect from its `began` on, and its record is written after the system
+    call, so one written just after a probe's can be what that probe saw (a probe written 1 ms before
+    an unlink found the placeholder that unlink was detaching its mount from)."""
     for e in reversed(run.removals):
-        if e.get("t", 0.0) > t or node_of(e) == victim:
+        if e.get("began", e.get("t", 0.0)) > t or node_of(e) == victim:
             continue
         if e.get("kind") in ("cli.cleanup.unlink", "impl.mutant.unlink") and same_file(e.get("path", ""), path,
                                                                                         run.jails):

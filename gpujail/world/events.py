@@ -6,7 +6,9 @@ A history (gpujail/world/history.py) is JSON lines; each line is one event: the 
 writer adds (`t` CLOCK_MONOTONIC seconds, `node` the node id or "host", `pid`, `kind`) and the
 fields its emitter passes. `KINDS` below is the one table of every kind: who emits it, its fields
 (`name:type`, a trailing `?` for optional, `a|b` for either type) and one line of meaning. The
-checker (chaos/checker.py) and the timeline read only what is listed here.
+checker (chaos/checker.py) and the timeline read only what is listed here. An event is written
+after what it reports; where that can hurt another node (a removal), `began` is the time just
+before the system call, so the act falls in [`began`, `t`].
 
 Validation is a self-test tool, off in production runs (a worker start writes dozens of events,
 and the fake CLI starts once per worker start): with `GPUJAIL_VALIDATE_HISTORY=1` in the
@@ -168,7 +170,7 @@ _kind("cli.mount", "fixtures/cli_mount.py", "src:str dst:str", "it bind-mounted 
 _kind("cli.fail", "fixtures/cli_mount.py", "error:str mounted:int",
       "a mount batch failed after `mounted` mounts; its cleanup follows")
 _kind("cli.cleanup.umount", "fixtures/cli_mount.py", "path:str", "cleanup unmounted a target of the failed batch")
-_kind("cli.cleanup.unlink", "fixtures/cli_mount.py", "path:str size:int? why:str?",
+_kind("cli.cleanup.unlink", "fixtures/cli_mount.py", "path:str size:int? why:str? began:num?",
       "cleanup unlinked a 0-byte file (`size`) or a symlink to nothing (`why`): another node's mount dies")
 _kind("cli.cleanup.keep", "fixtures/cli_mount.py", "path:str size:int? why:str?",
       "cleanup left a target in place (non-empty; or, own-cleanup variant, not created by this run)")
@@ -183,7 +185,7 @@ _kind("cdi.generate", "fixtures/fake_ctk.py", "devices:int mounts:int hooks:int 
       "`nvidia-ctk cdi generate` wrote a spec: its devices, common mounts and hooks (SPEC CDI-1)")
 _kind("cdi.hook", "fixtures/fake_cdi_hook.py", "hook:str root:str argv:list",
       "an `nvidia-cdi-hook` hook starts on the container root `root`")
-_kind("cdi.symlink", "fixtures/fake_cdi_hook.py", "path:str target:str replaced:str",
+_kind("cdi.symlink", "fixtures/fake_cdi_hook.py", "path:str target:str replaced:str began:num?",
       "create-symlinks renamed a link to `target` over `path` (root-relative), replacing `replaced` (CDI-3)")
 _kind("cdi.symlink.kept", "fixtures/fake_cdi_hook.py", "path:str target:str",
       "create-symlinks found `path` already a link to `target` and left it")
@@ -224,11 +226,11 @@ _kind("impl.mount", "reference_impl/reference.py reference_impl/direct.py", "src
       "the implementation bind-mounted a host file itself (`direct`: every file; `reference`: its sonames, REF-12)")
 _kind("impl.verified", "reference_impl/core.py", "mounts:int", "the CLI's mounts are verified (REF-7)")
 _kind("impl.ldconfig", "reference_impl/core.py", "code:int", "it ran `ldconfig -r` on the jail (REF-8)")
-_kind("impl.populate_cleanup", "reference_impl/core.py", "removed:list",
+_kind("impl.populate_cleanup", "reference_impl/core.py", "removed:list began:num?",
       "the populate-jail job removed these placeholders (jail-relative) and the flag")
 _kind("impl.dummy_mounts", "reference_impl/core.py", "mounted:list reason:str?",
       "a CPU worker mounted the dummy library over these placeholders (none: `reason`)")
-_kind("impl.mutant.unlink", "reference_impl/mutants.py reference_impl/mutant_sys.py", "path:str",
+_kind("impl.mutant.unlink", "reference_impl/mutants.py reference_impl/mutant_sys.py", "path:str began:num?",
       "a mutant unlinked a placeholder it should not have")
 
 

@@ -232,6 +232,7 @@ class ModelWorld(Simulation):
         """Append an event to the history (and to the trace a person reads) at the next tick."""
         proc = failpoints.current()
         self.tick += 1
+        fields.pop("began", None)   # the real clock; a simulated system call is atomic at its tick
         self.history.append({"t": self.tick / 1000, "node": node, "pid": proc.pid if isinstance(proc, Proc) else 0,
                              "kind": kind, **fields})
         if kind == "probe":
