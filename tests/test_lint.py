@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHELL = ["reference_impl/example.sh", "scripts/lint-imports", "scripts/copy-tree",
-         "scripts/venv.sh", "scripts/mutation-test", "scripts/with-dockerd.sh", "scripts/slurm-cluster.sh", "run-tests",
+SHELL = ["reference_impl/example.sh", "scripts/lint-imports", "scripts/copy-tree", "scripts/venv.sh", "scripts/steps.sh",
+         "scripts/mutation-test", "scripts/with-dockerd.sh", "scripts/slurm-cluster.sh", "run-tests",
          "run-suites", ".ci/run", "scripts/oracle-killmatrix"]
 PYTHON = [".", "scripts/process-census"]   # (a script without .py, which `ruff check .` skips)
 

@@ -161,7 +161,7 @@ def test_each_plain_session_keeps_its_chaos_runs_apart(pytester, run):
     """)
     seen = []
     for args in (["--impl", "legacy"], ["--impl", "legacy", "--jail-fs", "gluster"], ["--impl", "sh /bin/true"]):
-        result = run(*args, "-s", "-o", "junit_family=xunit1", f"--junitxml={pytester.path}/j.xml")
+        result = run(*args, "-o", "junit_family=xunit1", f"--junitxml={pytester.path}/j.xml")
         assert result.ret == 0, output(result)
         seen.append(re.search(r'name="where" value="([^"]+)"', (pytester.path / "j.xml").read_text())[1])
     root = pytester.path / "reports" / "chaos"

@@ -1,0 +1,64 @@
+"""run-tests' steps (scripts/steps.sh): each step's status and times, and a TERM that stops the
+step running at once instead of after it (a CI system stopping a job sends TERM to its top process,
+then KILL after a grace; the cleanup must have stopped the steps and the daemon lane by then)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def runs_steps(tmp_path: Path, body: str) -> Path:
+    """A bash script that sets the traps run-tests' daemon lane sets, then runs `body`."""
+    script = tmp_path / "runs-steps"
+    script.write_text(f"source {REPO}/scripts/steps.sh\nstatus=0\n"
+                      "trap 'stop_step; exit 130' INT TERM\n" + body + "\nexit $status\n")
+    return script
+
+
+def test_a_step_reports_its_times_and_its_failure(tmp_path):
+    script = runs_steps(tmp_path, "step true\nstep sh -c 'exit 3'\nstep true\necho after: $status")
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 1, out
+    assert lines[0] == "== true" and lines[2] == "== sh -c exit 3" and lines[-1] == "after: 1"
+    assert lines[3].startswith("== 0 s, CPU 0 s: sh -c exit 3"), lines
+
+
+def test_a_term_to_the_script_stops_the_running_step_at_once(tmp_path):
+    pid_file = tmp_path / "step.pid"
+    script = runs_steps(tmp_path, f"step sh -c 'echo $$ > {pid_file}; exec sleep 600'\necho not stopped")
+    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    sleeper = None
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, "the step never started"
+            time.sleep(0.05)
+        sleeper = int(pid_file.read_text())
+        proc.send_signal(signal.SIGTERM)   # to the script alone, as a CI system does
+        out, _ = proc.communicate(timeout=30)   # the step sleeps 600 s: only a stopped step ends it sooner
+        assert proc.returncode == 130 and "not stopped" not in out
+        for _ in range(100):   # the step's process got TERM too (reaped by its parent, or by init)
+            if not alive(sleeper):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the step's process {sleeper} outlived the script")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if sleeper and alive(sleeper):   # (its own process group: the script's kill does not reach it)
+            os.kill(sleeper, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
