@@ -6,9 +6,10 @@
 # bash defers a trap until a foreground command ends, but a `wait` returns at once to run it. So a
 # TERM to run-tests itself (a CI system stopping the job) stops it at once: its trap's cleanup
 # sends TERM to the step's whole group (pytest tears its tests down on TERM) and to the daemon
-# lane's, whose own trap does the same for its step. With the step in the foreground, run-tests
-# waited for the step to end first (a self-test step: minutes), and a CI system that sends KILL
-# after a short grace killed it before its cleanup could stop the lane's daemons.
+# lane's, whose own trap does the same for its step, and waits for them: run-tests ends once its
+# steps have torn down (pytest's teardown of its mounts and daemons: about 10 s). With the step in
+# the foreground, run-tests waited for the step to end first (a self-test step: minutes), and a CI
+# system that sends KILL after a short grace killed it before its cleanup could stop the daemons.
 #
 # CPU is user+sys of the step's reaped processes: the cutime+cstime, from /proc, of a subshell that
 # runs only the step (a daemon that left the process tree is not counted). Not the calling shell's
@@ -22,6 +23,7 @@ step() {
     echo "== $*"
     set -m   # job control: the subshell below gets a process group of its own
     (   me=$BASHPID rc=0   # ($BASHPID inside the $(...) below would be that substitution's own)
+        trap : TERM   # stop_step's TERM reaches the step too: this shell waits for its teardown
         "$@" || rc=$?
         echo "== $((SECONDS - t0)) s, CPU $(children_cpu "$me") s: $*"
         exit $rc

@@ -29,32 +29,36 @@ def test_a_step_reports_its_times_and_its_failure(tmp_path):
     assert lines[3].startswith("== 0 s, CPU 0 s: sh -c exit 3"), lines
 
 
-def test_a_term_to_the_script_stops_the_running_step_at_once(tmp_path):
-    pid_file = tmp_path / "step.pid"
-    script = runs_steps(tmp_path, f"step sh -c 'echo $$ > {pid_file}; exec sleep 600'\necho not stopped")
-    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    sleeper = None
+def test_a_term_to_the_script_stops_the_running_step_at_once_and_waits_for_its_teardown(tmp_path):
+    pid_file, torn_down = tmp_path / "step.pid", tmp_path / "torn-down"
+    step = (f"trap 'sleep 1; echo yes > {torn_down}; exit 143' TERM; echo $$ > {pid_file}; "
+            "sleep 600 & wait")   # (a foreground sleep would defer the trap: pytest does not)
+    script = runs_steps(tmp_path, f'step sh -c "{step}"\necho not stopped')
+    log = tmp_path / "out"   # (not a pipe: reading it to its end would wait for the step too)
+    proc = subprocess.Popen(["bash", str(script)], stdout=log.open("w"), start_new_session=True)
+    stepper = None
     try:
         deadline = time.monotonic() + 30
         while not pid_file.exists() or not pid_file.read_text().strip():
             assert proc.poll() is None and time.monotonic() < deadline, "the step never started"
             time.sleep(0.05)
-        sleeper = int(pid_file.read_text())
+        stepper = int(pid_file.read_text())
         proc.send_signal(signal.SIGTERM)   # to the script alone, as a CI system does
-        out, _ = proc.communicate(timeout=30)   # the step sleeps 600 s: only a stopped step ends it sooner
-        assert proc.returncode == 130 and "not stopped" not in out
-        for _ in range(100):   # the step's process got TERM too (reaped by its parent, or by init)
-            if not alive(sleeper):
+        proc.wait(timeout=30)   # the step sleeps 600 s: only a stopped step ends it sooner
+        assert proc.returncode == 130 and "not stopped" not in log.read_text()
+        assert torn_down.exists(), "the script ended before its step's teardown"
+        for _ in range(100):   # (its parent reaped it, or init does)
+            if not alive(stepper):
                 break
             time.sleep(0.05)
         else:
-            raise AssertionError(f"the step's process {sleeper} outlived the script")
+            raise AssertionError(f"the step's process {stepper} outlived the script")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        if sleeper and alive(sleeper):   # (its own process group: the script's kill does not reach it)
-            os.kill(sleeper, signal.SIGKILL)
+        if stepper and alive(stepper):   # (the step group: the script's kill does not reach it)
+            os.killpg(os.getpgid(stepper), signal.SIGKILL)
 
 
 def alive(pid: int) -> bool:
