@@ -172,13 +172,17 @@ missing() {
 
 # A test hook: the suite's failpoints (`gpujail failpoints`), inert unless GPUJAIL_FAILPOINTS arms
 # NAME or a run is scheduled (`--schedule`); then `gpujail-failpoint` (on PATH beside the fake CLI)
-# may hold, pause, fail or kill this shell.
+# may hold, pause, fail or kill this shell; its exit 3 says that no later hit of NAME can act.
 # A vendor script may keep it to let the suite time its races, or drop it.
 failpoint() { # failpoint NAME PATH (hits are counted per process, as in the suite's own code)
     [ -n "${GPUJAIL_SCHEDULER:-}" ] ||   # under --schedule every failpoint is a scheduling point
         case ";${GPUJAIL_FAILPOINTS:-}" in *";$1="*) ;; *) return 0 ;; esac
+    case " ${fp_spent:-} " in *" $1 "*) return 0 ;; esac   # (a helper is a Python start per marker)
     fp_hits=$((${fp_hits:-0} + 1))
-    gpujail-failpoint "$1" "$fp_hits" "$2" || die 8 "failpoint $1 at $JAIL/$2: injected error"
+    gpujail-failpoint "$1" "$fp_hits" "$2" || case $? in
+        3) fp_spent="${fp_spent:-} $1" ;;
+        *) die 8 "failpoint $1 at $JAIL/$2: injected error" ;;
+    esac
 }
 
 # REF-5: the marker for one target, in the current directory (`enter_dir` made it the target's):

@@ -153,6 +153,29 @@ def test_exhausted_chain_turns_off_and_other_names_never_fire(armed):
     assert [(e["hit"], e["action"]) for e in armed.events()] == [(1, "return"), (2, "off"), (3, "off")]
 
 
+@pytest.mark.parametrize("spec, codes", [
+    ("1*off", [3, 3]),                          # (a script calls for an armed name only)
+    ("2*off->1*return(EIO)", [0, 0, 1, 3]),     # spent once the return has fired
+    ("2*off->return(EIO)", [0, 0, 1, 1]),       # a term without a count never is
+    ("1*return(EIO)->50%return(EIO)", None),    # nor a P% one: 1 or 0 by the draws, never 3
+])
+def test_a_scripts_helper_says_when_no_later_hit_can_act(tmp_path, spec, codes):
+    """fixtures/bin/gpujail-failpoint, called as example.sh calls it for hits 1, 2, ...: exit 3 once
+    the hit passed and the chain allows no later action, so the script stops starting a Python
+    helper per marker; 1 is the injected error. Under --schedule every hit is a scheduling point,
+    so never 3 (a socket nobody listens on: the hit goes on at once)."""
+    env = {**os.environ, failpoints.ENV: f"{NAME}={spec}", history.ENV: str(tmp_path / "h.jsonl"),
+           "GPUJAIL_NODE": "n1"}
+    env.pop(failpoints.SCHEDULER_ENV, None)
+
+    def helper(hit, **extra):
+        return subprocess.run([REPO / "fixtures/bin/gpujail-failpoint", NAME, str(hit), "x"], env={**env, **extra},
+                              capture_output=True, timeout=60).returncode
+    got = [helper(n) for n in range(1, 7 if codes is None else len(codes) + 1)]
+    assert got == codes if codes else got[0] == 1 and set(got) <= {0, 1}, got
+    assert helper(1, **{failpoints.SCHEDULER_ENV: str(tmp_path / "none.sock")}) != 3
+
+
 def test_return_raises_like_the_syscall(armed):
     """CLI-8: `return(ERRNO)` is an OSError as the failing syscall would raise (path from the context);
     `return("msg")` an EIO carrying the message."""

@@ -47,8 +47,10 @@ the system calls of a start on the jail are scheduling points too, named `syscal
 faults on system calls are fixtures/syscall_faults.py).
 
 Every hit of an armed failpoint is recorded in the history (`failpoint` event, with the action), so
-a test can check that what it armed actually fired. A malformed spec or an unknown name raises
-`FailpointSpecError` saying where parsing stopped; callers turn that into one line and exit 1.
+a test can check that what it armed actually fired; a shell script stops calling once its helper
+says the failpoint is spent (`replay_hit`), so its later hits, which could only be `off`, are not.
+A malformed spec or an unknown name raises `FailpointSpecError` saying where parsing stopped;
+callers turn that into one line and exit 1.
 
 The model backend (gpujail/backends/model/) runs many simulated processes as threads of one OS process:
 it installs a `Process` per thread (`set_process`), which holds that process's armed failpoints and
@@ -125,6 +127,10 @@ class Failpoint:
 
     def __init__(self, name: str, terms: list[Term], rng: random.Random):
         self.name, self.terms, self.hits, self.rng = name, terms, 0, rng
+
+    def spent(self) -> bool:
+        """No later hit can act: every term but `off` has used up its N, so the chain allows no action."""
+        return all(t.action == "off" or (t.count is not None and t.count <= 0) for t in self.terms)
 
 
 _TERM = re.compile(r"\s*(?:(?P<count>\d+)\*)?(?:(?P<pct>\d+(?:\.\d+)?)%)?(?P<action>[a-z]+)(?:\((?P<arg>[^()]*)\))?\s*$")
@@ -347,16 +353,19 @@ def _evaluate(name: str, **context) -> None:
         raise OSError(code, os.strerror(code), context.get("path"))
 
 
-def replay_hit(name: str, nth: int, **context) -> None:
+def replay_hit(name: str, nth: int, **context) -> bool:
     """Hit `name` as the `nth` hit of a process that cannot keep the counts itself (a shell script,
     through fixtures/bin/gpujail-failpoint): the earlier hits are evaluated silently first, so N*
-    counts and P% draws come out as they would in one long-lived process."""
+    counts and P% draws come out as they would in one long-lived process. True when the script need
+    not call again: no later hit can act and no scheduler counts hits (the helper is a Python start,
+    about 0.1 s of CPU: a shell lock holder's ~90 markers spent seconds in it after the fault fired)."""
     scheduling_point(name, nth, context.get("path", ""))
     fp = current().armed().get(name)
     for _ in range(nth - 1 if fp else 0):
         fp.hits += 1
         _current_term(fp)
     _evaluate(name, **context)
+    return not os.environ.get(SCHEDULER_ENV) and (fp is None or fp.spent())
 
 
 def _current_term(fp: Failpoint, start: int = 0) -> Term | None:
