@@ -18,10 +18,10 @@ def test_table_lines_up_and_shows_ratios():
 
 
 def test_memory_of_a_process_tree_counts_children():
-    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(30)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); print(flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE)
     try:
-        import time
-        time.sleep(1.0)
+        child.stdout.readline()   # its 64 MiB are there (not a sleep: a Python start takes seconds on a loaded machine)
         alone = tree_pss(child.pid)[0]
         both, count = tree_pss(os.getpid())
         assert alone > 60 << 20 and both > alone and count >= 2

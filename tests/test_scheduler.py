@@ -171,8 +171,11 @@ def test_a_worker_waits_at_its_point_and_leaves_the_schedule_when_killed(tmp_pat
                       log=lambda kind, **f: log.append((kind, f)), relative_to="/jail").start()
     try:
         held = _client(tmp_path, "w0", sched.address, "/jail/a")
-        time.sleep(2.0)
-        assert held.poll() is None and sched.steps == []
+        deadline = time.monotonic() + 60   # (a Python start: seconds on a loaded machine, CI 48)
+        while sched.arrivals < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(1.0)   # at its point, and held there: nothing is decided while w1 is being started
+        assert sched.arrivals == 1 and held.poll() is None and sched.steps == []
         held.send_signal(signal.SIGKILL)
         held.wait()
         deadline = time.monotonic() + 5

@@ -281,6 +281,7 @@ class Scheduler:
         self.steps: list[list] = []
         self.forced = 0          # decisions taken while a worker was still running (patience ran out)
         self.left = 0            # requests whose process died at the point
+        self.arrivals = 0        # requests of workers read (a worker is at its point from then on)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._bind()
         self._sock.listen(512)
@@ -379,6 +380,7 @@ class Scheduler:
             self._go(sel, req)
             return
         waiting.setdefault(req.node, []).append(req)
+        self.arrivals += 1
         self._quiet.pop(req.node, None)
         self._progress = time.monotonic()
 
