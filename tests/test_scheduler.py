@@ -160,6 +160,13 @@ def _client(tmp_path: Path, node: str, address: str, *paths: str) -> subprocess.
                                  "GPUJAIL_HISTORY": str(tmp_path / "h.jsonl")})
 
 
+def _until(done, timeout: float) -> None:
+    """Poll `done` until it holds or `timeout` seconds pass (the caller asserts what it needs)."""
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 @pytest.mark.unprivileged
 def test_a_worker_waits_at_its_point_and_leaves_the_schedule_when_killed(tmp_path):
     """w1 is 'being started' (node_of -> 0) until told otherwise: nothing is decided, w0 waits at its
@@ -171,16 +178,12 @@ def test_a_worker_waits_at_its_point_and_leaves_the_schedule_when_killed(tmp_pat
                       log=lambda kind, **f: log.append((kind, f)), relative_to="/jail").start()
     try:
         held = _client(tmp_path, "w0", sched.address, "/jail/a")
-        deadline = time.monotonic() + 60   # (a Python start: seconds on a loaded machine, CI 48)
-        while sched.arrivals < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _until(lambda: sched.arrivals >= 1, 60)   # (a Python start: seconds on a loaded machine, CI 48)
         time.sleep(1.0)   # at its point, and held there: nothing is decided while w1 is being started
         assert sched.arrivals == 1 and held.poll() is None and sched.steps == []
         held.send_signal(signal.SIGKILL)
         held.wait()
-        deadline = time.monotonic() + 5
-        while sched.left < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _until(lambda: sched.left >= 1, 5)
         assert sched.left == 1
         live.update(w0=0, w1=None)   # w1 finished; w0 comes back
         p = _client(tmp_path, "w0", sched.address, "/jail/a", "/jail/b", "/outside/c")
