@@ -174,12 +174,14 @@ missing() {
 # NAME or a run is scheduled (`--schedule`); then `gpujail-failpoint` (on PATH beside the fake CLI)
 # may hold, pause, fail or kill this shell; its exit 3 says that no later hit of NAME can act.
 # A vendor script may keep it to let the suite time its races, or drop it.
-failpoint() { # failpoint NAME PATH (hits are counted per process, as in the suite's own code)
+failpoint() { # failpoint NAME PATH (each NAME's hits counted per process, as in the suite's own code)
     [ -n "${GPUJAIL_SCHEDULER:-}" ] ||   # under --schedule every failpoint is a scheduling point
         case ";${GPUJAIL_FAILPOINTS:-}" in *";$1="*) ;; *) return 0 ;; esac
     case " ${fp_spent:-} " in *" $1 "*) return 0 ;; esac   # (a helper is a Python start per marker)
-    fp_hits=$((${fp_hits:-0} + 1))
-    gpujail-failpoint "$1" "$fp_hits" "$2" || case $? in
+    fp_count=fp_hits_${1#ref.before_}    # this name's counter: fp_hits_marker, _configure, _verify
+    eval "fp_hit=\${$fp_count:-0}"
+    fp_hit=$((fp_hit + 1)) && eval "$fp_count=$fp_hit"
+    gpujail-failpoint "$1" "$fp_hit" "$2" || case $? in
         3) fp_spent="${fp_spent:-} $1" ;;
         *) die 8 "failpoint $1 at $JAIL/$2: injected error" ;;
     esac

@@ -88,3 +88,17 @@ def test_lock_timeout_that_is_no_bound_is_bad_input(fleet, jail, impl, timeout):
                      env=node.contract_env(extra={"GPUJAIL_LOCK_TIMEOUT": timeout}), timeout=30)
     lines = r.stderr.strip().splitlines()
     assert (r.code, len(lines)) == (2, 1) and "GPUJAIL_LOCK_TIMEOUT" in lines[0], (r.code, r.stderr)
+
+
+@pytest.mark.parametrize("impl", ["reference", "example-shell"])
+def test_each_failpoint_counts_its_own_hits(fleet, jail, impl):
+    """A chain counts the hits of its own failpoint only (CONTRACT.md: gpujail-failpoint's HIT), in
+    the shell template as in the reference: with ref.before_configure armed too, `1*print` on
+    ref.before_verify fires on verify's first hit, not on a hit numbered after configure's."""
+    node = fleet.start("w")
+    armed = "ref.before_configure=1*off;ref.before_verify=1*print"
+    r = node.run(command_for(impl, str(jail), "w", "gpu-worker"),
+                 env=node.contract_env(extra={"GPUJAIL_FAILPOINTS": armed}), timeout=60)
+    assert r.code == 0, r.stderr
+    hits = [(e["name"], e["hit"], e["action"]) for e in events(fleet, "failpoint")]
+    assert hits == [("ref.before_configure", 1, "off"), ("ref.before_verify", 1, "print")], hits

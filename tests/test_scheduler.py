@@ -279,8 +279,8 @@ def test_pct_catches_the_failing_worker_of_highest_priority(tmp_path, kernel_ok)
 @pytest.mark.kernel
 def test_a_shell_implementations_failpoints_are_scheduling_points(tmp_path, kernel_ok):
     """example.sh calls `gpujail-failpoint NAME HIT PATH` before each marker when that failpoint is
-    armed (its own guard: here with `off`): those hits (with the script's own count) are steps,
-    beside the fake CLI's, and the run is clean."""
+    armed (its own guard: here with `off`): those hits (with the script's own count of each name) are
+    steps, beside the fake CLI's, and the run is clean."""
     sc = scenario.load("cold-race-random").with_workers(2).randomised()
     sc = dataclasses.replace(sc, faults=[*sc.faults, scenario.Fault("*", "ref.before_marker", "off")])
     result = runner.run(sc, "example-shell", tmp_path / "run", seed=1, scheduled="random-walk")
@@ -290,6 +290,8 @@ def test_a_shell_implementations_failpoints_are_scheduling_points(tmp_path, kern
     for w in ("w0", "w1"):
         hits = [s[2] for s in markers if s[0] == w]
         assert hits == list(range(1, len(hits) + 1)), hits
+    for name in ("ref.before_configure", "ref.before_verify"):   # each name's own count, as Python's
+        assert {s[2] for s in steps if s[1] == name} == {1}, (name, steps)
     failed, _ = result.judge()
     assert not failed, result.report()
 
