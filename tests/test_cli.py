@@ -223,7 +223,7 @@ def test_reproduce_interrupted_leaves_nothing(tmp_path):
                             start_new_session=True, preexec_fn=terminal_sigint)
     try:
         deadline = time.monotonic() + 60
-        while not list(tmp.glob("*/run/history.jsonl")) or b'"sleep"' not in next(tmp.glob("*/run/history.jsonl")).read_bytes():
+        while not (h := _first(tmp, "*/run/history.jsonl")) or b'"sleep"' not in h.read_bytes():
             assert time.monotonic() < deadline and proc.poll() is None, "the run did not reach the CLI"
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGINT)
@@ -243,6 +243,16 @@ def terminal_sigint() -> None:
     the background of a non-interactive shell (`cmd &`, a CI runner's job) inherits SIGINT ignored,
     and Python then installs no KeyboardInterrupt handler: a Ctrl-C test would test nothing."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _first(top: Path, pattern: str) -> Path | None:
+    """The first path under `top` matching `pattern`, or None. A directory removed while the glob walks
+    it is no match yet, not an error: pytest removes and remakes a given --basetemp (the run's
+    scratch directory) as its session starts, and `**` lists it, then scans it (CI 52)."""
+    try:
+        return next(top.glob(pattern), None)
+    except FileNotFoundError:
+        return None
 
 
 def _cmdline(proc: Path) -> str:
@@ -495,7 +505,7 @@ def test_run_stopped_by_a_signal_reports_and_leaves_nothing(tmp_path, sig, code)
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while not list(tmp.glob("gpujail-run-*/**/run/history.jsonl")):
+        while not _first(tmp, "gpujail-run-*/**/run/history.jsonl"):
             assert time.monotonic() < deadline and proc.poll() is None, "the run did not start a worker"
             time.sleep(0.1)
         proc.send_signal(sig)
