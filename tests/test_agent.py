@@ -113,8 +113,12 @@ def test_workers_started_through_agents_are_real_nodes_and_leave_nothing(jail, t
     events = history.load(str(run / "history.jsonl"))
     assert {e["node"] for e in events if e["kind"] == "node.up"} == {"w0", "w1", "w2"}
     assert sum(e["kind"] == "worker.ready" for e in events) == 3
-    time.sleep(0.2)
-    assert [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)] == []
+    # every node ended with its agent: polled (a loaded machine reaps late), where a node left
+    # running, a namespace's PID 1 nobody kills, stays for good
+    deadline = time.monotonic() + 30
+    while (running := [p for p in pids if not _zombie(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running == []
 
 
 def _zombie(pid: int) -> bool:
