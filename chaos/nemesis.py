@@ -150,34 +150,40 @@ def swap_link(jail: Path, outside: Path, link: SwappedLink, who: str, log) -> st
     return link.path
 
 
-class _FailedStarts:
-    """Which workers have had a start fail so far (worker.exit events), read from the run's history
-    as it grows: a barrier that opens once every other worker gave up at least once."""
+class _Seen:
+    """One field of the history's events of one kind that pass `keep`, collected as the history
+    grows: which workers had a start fail (a barrier that opens once every other worker gave up at
+    least once), at which barriers a network fault began (a barrier that opens only then)."""
 
-    def __init__(self, path: Path):
-        self.tail, self.failed = history.Tail(path), set()
+    def __init__(self, path: Path, kind: str, field: str, keep=lambda e: True):
+        self.tail, self.kind, self.field, self.keep, self.seen = history.Tail(path), kind, field, keep, set()
 
     def __call__(self) -> set[str]:
-        self.failed.update(e.get("node") for e in self.tail()
-                           if e.get("kind") == "worker.exit" and e.get("code") not in (0, "0"))
-        return self.failed
+        self.seen.update(e.get(self.field) for e in self.tail() if e.get("kind") == self.kind and self.keep(e))
+        return self.seen
 
 
 def keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict, log, jail: Path | None = None,
-                   planted: list[str] | None = None, upgrade=None) -> None:
+                   planted: list[str] | None = None, upgrade=None, net_faults=()) -> None:
     """Release each barrier once every GPU worker arrived or finished (but those the harness starts
     only at its release; with `open = "others-failed"`, or had a start fail); kill who must die
     there, either when it arrives or at the release (when everyone else is ready); take the lock
     from under whoever arrives at a barrier with a lock fault, swap in the symlinks due there
     (recorded in `planted`), and have `upgrade(worker, host_upgrade)` upgrade the host of a worker
-    that arrives where the scenario upgrades it."""
+    that arrives where the scenario upgrades it; a barrier where the fleet injects a network fault
+    (`net_faults`: jailfs.NetFault with a barrier) opens once that fault began."""
     all_gpu = [w for w, role, _ in scenario.workers if role == "gpu-worker"]
     pending = {name: Barrier(name, str(run_dir / "barriers")) for name in scenario.barriers}
     kills = {(k.worker, k.barrier): k.when for k in scenario.kills}
     lock_faults = {f.barrier: f for f in scenario.lock_faults}
     swaps = list(scenario.swapped_links)
     upgrades = list(scenario.host_upgrades)
-    failed_starts = _FailedStarts(run_dir / "history.jsonl")
+    failed_starts = _Seen(run_dir / "history.jsonl", "worker.exit", "node", lambda e: e.get("code") not in (0, "0"))
+    # a network fault placed at a barrier (jailfs.NetFault.barrier): once someone is held there, the
+    # barrier opens when the fault has begun, at once. Only where the fleet injects it
+    # (gpujail/backends/jailfs_fleet.py): elsewhere the barrier opens as any other, the window shut.
+    net_barriers = {f.barrier for f in net_faults if f.barrier}
+    faulted = _Seen(run_dir / "history.jsonl", "jailfs.fault", "barrier")
 
     def kill_due(name: str, arrived: set[str], when: str) -> bool:
         """Kill the arrived workers the scenario wants dead at this moment ("*": whoever arrives
@@ -218,6 +224,10 @@ def keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict,
                 if planted is not None:
                     planted.append(path)
             upgrade_arrived(name, arrived)
+            if name in net_barriers and arrived:
+                if name in faulted():
+                    release(name, arrived)
+                continue
             gpu = [w for w in all_gpu if scenario.start_after.get(w) != name]
             finished = {w for w in gpu if not threads[w].is_alive()}
             if scenario.barrier_opens.get(name) == "others-failed":
@@ -235,7 +245,8 @@ def keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict,
         started = [w for w in all_gpu if scenario.start_after.get(w) not in pending and threads[w].is_alive()]
         if pending and all(w in paused for w in started):
             first = next(name for name in scenario.barriers if name in pending)
-            release(first, arrivals(first), stalled=True)
+            if not (first in net_barriers and arrivals(first)):   # that one opens with its fault
+                release(first, arrivals(first), stalled=True)
         time.sleep(0.002)
 
 

@@ -297,7 +297,8 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
 
         planted: list[str] = []   # jail paths the harness swapped in during the run (not the workers' doing)
         keeper = interface.ThreadNemesis("the barrier keeper", functools.partial(
-            nemesis.keep_barriers, scenario, run_dir, threads, nodes, log, jail, planted, upgrade))
+            nemesis.keep_barriers, scenario, run_dir, threads, nodes, log, jail, planted, upgrade,
+            getattr(fleet, "net_faults", ())))
         keeper.start()
 
         with_compat: set[str] = set()

@@ -25,7 +25,8 @@ A scenario is a TOML file in chaos/scenarios/ (or any file passed to the runner)
     cuda_image = false         # true: the jail holds usr/local/cuda/compat libraries (REF-6)
     ldconfig = { view = "blind", every = 0.05, hold_lock = true, nodes = 1 }   # an ldconfig nemesis during the run
     jail_fs = "gluster"        # pins the jail's file system (gpujail/backends/jailfs.py); "" = --jail-fs
-    net_faults = [{ fault = "kill-brick", after_ready = 0, delay = 0.3, hold = 2.0 }]   # network faults (jailfs.NetFault)
+    net_faults = [{ fault = "kill-brick", after_ready = 0, delay = 0.3, hold = 2.0 }]   # network faults (jailfs.NetFault);
+                               # with barrier = "B": once a worker is paused at B, which opens then (at a step)
     populate_cleanup = false   # true: run the implementation's populate-jail cleanup first
     populate_at = "fleet-up"   # ... or again during the run, once that barrier opens (a jail in use)
     max_restarts = 3
@@ -224,7 +225,8 @@ class Scenario:
         The others carry a fault themselves."""
         tied = ({k.barrier for k in self.kills} | {f.barrier for f in self.lock_faults}
                 | {s.barrier for s in self.swapped_links} | {u.barrier for u in self.host_upgrades}
-                | {self.populate_at} | set(self.start_after.values()) | set(self.barrier_opens))
+                | {self.populate_at} | set(self.start_after.values()) | set(self.barrier_opens)
+                | {getattr(f, "barrier", "") for f in self.net_faults})
         tied |= {b for f in self.faults for b in self.barriers
                  if f"wait({b})" in f.term or f"stop({b})" in f.term or f.failpoint.startswith(SYSCALL)}
         paused = {b for f in self.faults for b in self.barriers if f"pause({b})" in f.term}
@@ -364,6 +366,7 @@ def load(source: str | Path) -> Scenario:
     for key, barrier in ([("lock_faults", lf.barrier) for lf in scenario.lock_faults]
                          + [("swapped_links", sl.barrier) for sl in scenario.swapped_links]
                          + [("host_upgrades", up.barrier) for up in scenario.host_upgrades]
+                         + [("net_faults", f.barrier) for f in scenario.net_faults if f.barrier]
                          + [("populate_at", scenario.populate_at)] * bool(scenario.populate_at)):
         if barrier not in scenario.barriers:
             raise ScenarioError(f"{path}: {key}: no barrier {barrier!r} (barriers are {', '.join(scenario.barriers)})")

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -229,6 +230,7 @@ def test_scenario_keys_are_checked(tmp_path):
                        ('barriers = [{ name = "r" }]\nhost_upgrades = [{ worker = "w9", barrier = "r", '
                         'version = "570.86.15" }]\n', "no GPU worker"),
                        ('host_upgrades = [{ worker = "w1", barrier = "r", version = "570.86.15" }]\n', "no barrier"),
+                       ('net_faults = [{ fault = "lose-client", worker = "w1", barrier = "r" }]\n', "net_faults: no barrier"),
                        ('[worker_capabilities]\nw1 = "compute,vulkan"\n', "unknown capability 'vulkan'"),
                        ('[worker_capabilities]\nw7 = "compute"\n', "no worker 'w7'"),
                        ("fail_count = 1\n", "fail_count"),
@@ -376,3 +378,36 @@ def test_unscripted_drops_only_the_barriers_that_time_the_run():
     assert upgraded.barriers == ["upgrade"] and all("pause(late)" not in f.term and "pause(order)" not in f.term
                                                for f in upgraded.faults)
     assert any("pause(upgrade)" in f.term for f in upgraded.faults)
+
+
+def test_a_barrier_with_a_network_fault_opens_only_once_the_fault_began(tmp_path):
+    """A network fault placed at a step (net_faults' `barrier`): with a worker held there and every
+    other one finished, the keeper still waits for the fault (jailfs.fault, written by the fleet's
+    injector), then opens the barrier at once: the held start always meets the fault."""
+    p = tmp_path / "s.toml"
+    p.write_text('name = "s"\ngpu_workers = 2\nbarriers = [{ name = "lost" }]\n'
+                 'net_faults = [{ fault = "lose-client", worker = "w1", barrier = "lost" }]\n')
+    sc = scenario.load(p)
+    run = tmp_path / "run"
+    (run / "barriers").mkdir(parents=True)
+    hist = str(run / "history.jsonl")
+
+    class Thread:
+        def __init__(self, alive: bool):
+            self.alive = alive
+
+        def is_alive(self) -> bool:
+            return self.alive
+
+    (run / "barriers" / "lost.arrived.w1.123").touch()   # w1 held there, w0 finished
+    log = lambda kind, **kw: history.append(hist, kind, node="host", **kw)   # noqa: E731
+    keeper = threading.Thread(target=nemesis.keep_barriers, args=(sc, run, {"w0": Thread(False), "w1": Thread(True)},
+                                                                 {}, log, None, None, None, sc.net_faults), daemon=True)
+    keeper.start()
+    released = (run / "barriers" / "lost.release").exists
+    time.sleep(0.5)   # (the keeper looks every 2 ms: the old one had opened it by now)
+    assert not released(), "opened before its network fault began"
+    log("jailfs.fault", fault="lose-client", worker="w1", pids=[], barrier="lost", held=["w1"])
+    keeper.join(timeout=30)
+    assert released() and not keeper.is_alive()
+    assert [e["kind"] for e in history.load(hist)] == ["jailfs.fault", "chaos.release"]

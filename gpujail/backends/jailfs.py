@@ -261,16 +261,21 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
 class NetFault:
     """A fault only a network file system has (SPEC section 7), as scenario data:
     `{ fault = "kill-brick" | "latency" | "lose-client", after_ready = N, delay = SECONDS, hold = SECONDS,
-    worker = "w1", ms = 40 }`: `delay` seconds after N workers have reported ready (0: after the
-    first start began), the fault starts; after `hold`
-    seconds it clears (the brick restarts, the latency goes; a lost client is never given back to
-    its node: the node's replacement gets a fresh one)."""
+    worker = "w1", ms = 40, barrier = "B" }`: `delay` seconds after N workers have reported ready (0:
+    after the first start began), the fault starts; after `hold` seconds it clears (the brick
+    restarts, the latency goes; a lost client is never given back to its node: the node's
+    replacement gets a fresh one).
+    With `barrier`, the fault lands at a step rather than at a time: it starts once a worker is
+    paused at that barrier (and N are ready), the barrier opens only then (chaos/nemesis.py
+    keep_barriers), and the fault clears `hold` seconds after the held starts ended: a start under
+    way meets the fault every run, whatever the machine's load."""
     fault: str
     after_ready: int = 1
     delay: float = 0.0     # seconds after the trigger
     hold: float = 1.0
     worker: str = ""
     ms: float = 0.0
+    barrier: str = ""
 
 
 NET_FAULTS = ("kill-brick", "latency", "lose-client")

@@ -5,16 +5,19 @@ How this works
 `fleet_class(kernel.Fleet, kind, faults)` is the Fleet the suites use for `--jail-fs KIND` and for
 a scenario's `net_faults`: a subclass whose `recording(...)` provides the file system (jailfs.py
 `provide`) around the fleet's life, starts each node from its own client's mount namespace, and
-runs one nemesis per fault (`NetFault`, an interface.ThreadNemesis), which waits for its trigger (N workers ready),
-injects the fault (kill the brick, add latency, lose a node's client), records `jailfs.fault` in
-the history, holds it, clears it and records `jailfs.clear`. While a fault keeps the jail
-unreachable a node cannot be set up: it is set up again once the fault clears, as an
-orchestrator retries a container it could not create. What of the file system outlived the fleet
+runs one nemesis per fault (`NetFault`, an interface.ThreadNemesis), which waits for its trigger (N workers ready,
+and, for a fault placed at a step, a worker paused at its barrier), injects the fault (kill the
+brick, add latency, lose a node's client), records `jailfs.fault` in the history (the barrier's
+keeper opens it then), holds it (at a barrier: until the held starts ended, then `hold`), clears
+it and records `jailfs.clear`. While a fault keeps the jail unreachable, or its clients are still
+reconnecting, a node cannot be set up: it is set up again once they are back, as an orchestrator
+retries a container it could not create. What of the file system outlived the fleet
 joins the fleet's `leftovers()` (INV-6).
 """
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from pathlib import Path
@@ -22,11 +25,15 @@ from pathlib import Path
 from gpujail.backends.fs_processes import CALL_TIMEOUT, CLIENT_GONE
 from gpujail.backends.interface import ThreadNemesis
 from gpujail.backends.jailfs import NetFault, provide
+from gpujail.world.failpoints import BARRIERS_ENV
 
 # The suites' nodes revalidate at every lookup: a file another node removed is then detached at the
 # victim's very next probe (K-2 still: at its lookup, not at the unlink). With GlusterFS's default
 # 1 s cache, a loss in a run's last second would show only after the run, when nobody looks.
 CHAOS_CACHE_TIMEOUT = 0.0
+# After a fault clears, the clients take a moment to reconnect (GlusterFS: about a second): a node
+# set up meanwhile fails as during the fault and is retried, up to this long (a bound, not a wait).
+RECONNECT = 30.0
 
 
 def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] = ()):
@@ -38,12 +45,14 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
 
     class OnJailFS(base):
         jail_fs = kind
+        net_faults = tuple(faults)   # injected here (the barrier keeper opens a fault's barrier once it began)
         no_shared_host = f"a jail on {kind} is each node's own client mount: no node's copy is a peer of another's"
 
         def __enter__(self):
             self._fs_cm = provide(kind, self.env_run_dir(), self.jail, cache_timeout=CHAOS_CACHE_TIMEOUT)
             self.jailfs = self._fs_cm.__enter__()
             self._stop, self._faulty = threading.Event(), threading.Event()
+            self._cleared = float("-inf")   # when the last fault cleared (time.monotonic())
             # one nemesis per fault (interface.ThreadNemesis): an injector never dies in silence, raised at __exit__
             self._nemesis = [ThreadNemesis(f"the {f.fault} fault's injector", functools.partial(self._inject, f),
                                            daemon=True) for f in faults]
@@ -52,14 +61,16 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             return super().__enter__()
 
         def start(self, node_id: str, *args, **kw):
-            """A node is started through its client; while a fault keeps the jail unreachable the
-            node cannot be set up (its /dev and /run are bound into the jail), and it is set up
-            again once the fault clears, as an orchestrator retries a container it could not create."""
+            """A node is started through its client; while a fault keeps the jail unreachable, or
+            the clients are reconnecting after it, the node cannot be set up (its /dev and /run are
+            bound into the jail), and it is set up again once they are back, as an orchestrator
+            retries a container it could not create."""
             while True:
                 try:
                     return super().start(node_id, *args, **kw)
                 except RuntimeError as e:
-                    if not any(o in str(e) for o in CLIENT_GONE) or not self._faulty.is_set():
+                    reconnecting = time.monotonic() - self._cleared < RECONNECT
+                    if not any(o in str(e) for o in CLIENT_GONE) or not (self._faulty.is_set() or reconnecting):
                         raise
                     self.nodes = [n for n in self.nodes if n.alive]
                     while self._faulty.is_set() and not self._stop.is_set():
@@ -77,9 +88,13 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             log = lambda k, **kw: history.append(hist, k, node="host", **kw)   # noqa: E731
             kind, n = ("worker.ready", f.after_ready) if f.after_ready else ("worker.start", 1)
             tail, seen = history.Tail(hist), 0   # the history as it grows: read once, not again every 20 ms
-            while not self._stop.is_set() and seen < n:
+            held: set[str] = set()   # the workers paused at the fault's barrier ("B.arrived.NODE.PID")
+            while not self._stop.is_set() and (seen < n or (f.barrier and not held)):
                 seen += sum(1 for e in tail() if e.get("kind") == kind)
-                if seen < n:
+                if f.barrier:
+                    held = {a.split(".")[2] for a in os.listdir(self.env[BARRIERS_ENV])
+                            if a.startswith(f"{f.barrier}.arrived.")}
+                if seen < n or (f.barrier and not held):
                     self._stop.wait(0.02)
             if self._stop.wait(f.delay) or self._stop.is_set():
                 return
@@ -94,7 +109,11 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
                     pids = []
                 else:
                     pids = fs.lose_client(f.worker)
-                log("jailfs.fault", fault=f.fault, worker=f.worker, pids=pids, began=began)
+                log("jailfs.fault", fault=f.fault, worker=f.worker, pids=pids, began=began, barrier=f.barrier,
+                    held=sorted(held))
+                while held and not self._stop.is_set():   # released now: each held start meets the fault
+                    held -= {e.get("node") for e in tail() if e.get("kind") == "worker.exit"}
+                    self._stop.wait(0.02)
                 self._stop.wait(f.hold)
                 if f.fault == "kill-brick":
                     fs.restart_brick()
@@ -102,6 +121,7 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
                     fs.set_latency(0)
                 log("jailfs.clear", fault=f.fault, worker=f.worker)
             finally:
+                self._cleared = time.monotonic()
                 self._faulty.clear()
 
         def leftovers(self) -> list[str]:

@@ -103,10 +103,11 @@ _kind("chaos.ldconfig", "chaos/nemesis.py", "view:str code:int|str",
       "(view blind) or its own driver's (view gpu)")
 _kind("chaos.fault", "chaos/runner.py", "worker:str failpoint:str term:str start:int?",
       "one failpoint armed for a worker's first start (or its `start`-th; the nemesis's plan, not yet its effect)")
-_kind("jailfs.fault", "gpujail/backends/jailfs_fleet.py", "fault:str worker:str pids:list began:num?",
+_kind("jailfs.fault", "gpujail/backends/jailfs_fleet.py", "fault:str worker:str pids:list began:num? barrier:str? held:list?",
       "a fault only a network jail has began: the brick killed, latency on every brick operation, or a "
       "node's client killed under it (`pids`: the processes killed; `began`: when the harness started "
-      "it, on the history's clock, before the event was written once it was done)")
+      "it, on the history's clock, before the event was written once it was done; `barrier`, `held`: "
+      "a fault placed at a step, the barrier that opens now and the workers paused there)")
 _kind("jailfs.clear", "gpujail/backends/jailfs_fleet.py", "fault:str worker:str",
       "that fault clears: the brick restarted, the latency removed (a lost client stays lost for its node)")
 _kind("chaos.kill", "chaos/nemesis.py", "worker:str barrier:str",
