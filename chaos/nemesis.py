@@ -199,7 +199,7 @@ def keep_barriers(scenario: Scenario, run_dir: Path, threads: dict, nodes: dict,
         return killed
 
     def arrivals(name: str) -> set[str]:
-        return {f.split(".")[2] for f in os.listdir(pending[name].dir) if f.startswith(f"{name}.arrived.")}
+        return pending[name].arrived()
 
     def upgrade_arrived(name: str, arrived: set[str]) -> None:
         for up in [u for u in upgrades if u.barrier == name and u.worker in arrived] if upgrade else []:

@@ -17,7 +17,6 @@ joins the fleet's `leftovers()` (INV-6).
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 from gpujail.backends.fs_processes import CALL_TIMEOUT, CLIENT_GONE
 from gpujail.backends.interface import ThreadNemesis
 from gpujail.backends.jailfs import NetFault, provide
-from gpujail.world.failpoints import BARRIERS_ENV
+from gpujail.world.failpoints import BARRIERS_ENV, Barrier
 
 # The suites' nodes revalidate at every lookup: a file another node removed is then detached at the
 # victim's very next probe (K-2 still: at its lookup, not at the unlink). With GlusterFS's default
@@ -88,12 +87,11 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             log = lambda k, **kw: history.append(hist, k, node="host", **kw)   # noqa: E731
             kind, n = ("worker.ready", f.after_ready) if f.after_ready else ("worker.start", 1)
             tail, seen = history.Tail(hist), 0   # the history as it grows: read once, not again every 20 ms
-            held: set[str] = set()   # the workers paused at the fault's barrier ("B.arrived.NODE.PID")
+            held: set[str] = set()   # the workers paused at the fault's barrier
             while not self._stop.is_set() and (seen < n or (f.barrier and not held)):
                 seen += sum(1 for e in tail() if e.get("kind") == kind)
                 if f.barrier:
-                    held = {a.split(".")[2] for a in os.listdir(self.env[BARRIERS_ENV])
-                            if a.startswith(f"{f.barrier}.arrived.")}
+                    held = Barrier(f.barrier, self.env[BARRIERS_ENV]).arrived()
                 if seen < n or (f.barrier and not held):
                     self._stop.wait(0.02)
             if self._stop.wait(f.delay) or self._stop.is_set():

@@ -399,6 +399,11 @@ class Barrier:
         prefix = f"{self.name}.arrived."
         return sum(1 for f in os.listdir(self.dir) if f.startswith(prefix))
 
+    def arrived(self) -> set[str]:
+        """The nodes that have arrived (`name.arrived.<node>.<pid>`): the harness's view of who is held here."""
+        prefix = f"{self.name}.arrived."
+        return {f[len(prefix):].split(".")[0] for f in os.listdir(self.dir) if f.startswith(prefix)}
+
     def arrive_and_wait(self, timeout: float = 300.0, pid: int | None = None) -> None:
         """Arrive (as process `pid`, default this one: a stop's watcher arrives for the stopped
         process) and wait for the release."""
