@@ -90,7 +90,8 @@ OPTIONS += [Option(*setting) for setting in kubernetes.SETTINGS]
 BY_NAME = {o.name: o for o in OPTIONS}
 PATHS = ("expectations", "gpujail-report", "cdi-spec")   # values shown as they are in messages; the others quoted
 SELF_CHECK_MODES = ("once", "always")
-EXPECTATION_SECTIONS = ("implementation", "cli", "requirements", "tests", "intermittent", "inconclusive")
+EXPECTATION_SECTIONS = ("implementation", "cli", "requirements", "tests", "intermittent", "inconclusive",
+                        "intermittent-inconclusive")
 # Interpreters whose first non-option argument is the script they run (`bash vendor.sh -j {jail}`);
 # `-c` and `-m` name code or a module instead.
 INTERPRETERS = ("sh", "bash", "dash", "ksh", "zsh", "python", "python3", "perl", "ruby", "node")
@@ -378,9 +379,10 @@ def check_self_checks(v: Value) -> None:
 def load_expectations(v: Value) -> dict:
     """The expectations file named by `v` ('' for none), checked: it exists, parses as TOML, has
     only the known sections and names only known requirement IDs; every test listed under
-    [inconclusive] (a chaos test known to prove nothing here) says why."""
+    [inconclusive] or [intermittent-inconclusive] (a chaos test known to prove nothing here, always or
+    by timing) says why."""
     from gpujail.spec import REQUIREMENTS
-    empty = {"requirements": {}, "tests": {}, "intermittent": {}, "inconclusive": {}}
+    empty = {"requirements": {}, "tests": {}, "intermittent": {}, "inconclusive": {}, "intermittent-inconclusive": {}}
     if not v.text:
         return {**empty, "cli": None}
     try:
@@ -397,9 +399,11 @@ def load_expectations(v: Value) -> dict:
     bad = sorted(set(data.get("requirements", {})) - set(REQUIREMENTS))
     if bad:
         raise BadInput(f"{v.label}: unknown requirement ID(s) {', '.join(bad)} (gpujail/spec.py)")
-    unexplained = sorted(t for t, why in data.get("inconclusive", {}).items() if not str(why).strip())
-    if unexplained:
-        raise BadInput(f"{v.label}: [inconclusive] {', '.join(unexplained)}: no reason given (say why the run proves nothing)")
+    for section in ("inconclusive", "intermittent-inconclusive"):
+        unexplained = sorted(t for t, why in data.get(section, {}).items() if not str(why).strip())
+        if unexplained:
+            raise BadInput(f"{v.label}: [{section}] {', '.join(unexplained)}: no reason given "
+                           "(say why the run proves nothing)")
     cli = data.get("cli", list(CLI_COMMANDS))
     if not isinstance(cli, list) or not set(map(str, cli)) <= set(CLI_COMMANDS):
         raise BadInput(f"{v.label}: cli = {cli!r}: expected a list of the nvidia-container-cli commands the "

@@ -379,7 +379,7 @@ for or against the implementation. {esc(checks['status'])}{(": " + esc(checks['r
   + '</table></div>') if fails else '<p>None.</p>'}
 <h2 id="inconclusive">Inconclusive</h2>
 <p>Chaos runs that proved nothing (an invariant left UNKNOWN, a fault window never opened): never a pass; red
-unless the implementation's expectations file lists them under [inconclusive].</p>
+unless the implementation's expectations file lists them under [inconclusive] or [intermittent-inconclusive].</p>
 {('<div class="gj-scroll"><table class="gj-t"><tr><th>test</th><th>status</th><th>why</th></tr>' + ''.join(unproven)
   + '</table></div>') if unproven else '<p>No run was inconclusive.</p>'}
 <h2 id="chains">Chaos runs that violated an invariant</h2>

@@ -180,7 +180,8 @@ failpoint() { # failpoint NAME PATH (each NAME's hits counted per process, as in
     case " ${fp_spent:-} " in *" $1 "*) return 0 ;; esac   # (a helper is a Python start per marker)
     fp_count=fp_hits_${1#ref.before_}    # this name's counter: fp_hits_marker, _configure, _verify
     eval "fp_hit=\${$fp_count:-0}"
-    fp_hit=$((fp_hit + 1)) && eval "$fp_count=$fp_hit"
+    fp_hit=$((fp_hit + 1))
+    eval "$fp_count=$fp_hit"
     gpujail-failpoint "$1" "$fp_hit" "$2" || case $? in
         3) fp_spent="${fp_spent:-} $1" ;;
         *) die 8 "failpoint $1 at $JAIL/$2: injected error" ;;

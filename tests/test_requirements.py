@@ -327,6 +327,44 @@ def test_an_expected_failure_that_proves_nothing_is_inconclusive(run, pytester):
     assert statuses == {"test_expected": "inconclusive", "test_flaky": "expected-fail"}
 
 
+def test_intermittently_inconclusive_accepts_a_pass_or_no_proof_never_a_violation(run, pytester):
+    """[intermittent-inconclusive] (a fault placed at a time, whose window opens by timing) accepts
+    a run that passed or proved nothing, and fails one that broke an invariant, which [intermittent]
+    (wpt's [PASS, FAIL]: a known race) accepts as an expected failure."""
+    pytester.makepyfile(test_timed="""
+        import pytest
+        from gpujail.chaos.checkers.results import Inconclusive
+
+        @pytest.mark.req("INV-1")
+        def test_proved_nothing(request):
+            request.node.user_properties.append(("inconclusive", "INCONCLUSIVE: window never opened"))
+            raise Inconclusive("INCONCLUSIVE: window never opened")
+
+        @pytest.mark.req("INV-1")
+        def test_passed():
+            pass
+
+        @pytest.mark.req("INV-1")
+        def test_lost_content():
+            assert 0, "INV-1 FAIL: w1 lost usr/lib/libcuda.so.1"
+    """)
+    both = '"test_timed.py::test_*" = "the brick is killed 0.3 s in"\n'
+    report = pytester.path / "reports" / "summary.json"
+    statuses = {}
+    for section in ("intermittent-inconclusive", "intermittent"):
+        exp = pytester.makefile(".toml", **{section.replace("-", "_"): f"[{section}]\n{both}"})
+        result = run(f"--expectations={exp}", f"--gpujail-report={report}")
+        statuses[section] = {t["test"].split("::")[1]: t["status"]
+                             for t in json.loads(report.read_text())["requirements"]["INV-1"]["tests"]}
+        statuses[section]["(run)"] = result.ret
+    assert statuses["intermittent-inconclusive"] == {
+        "test_proved_nothing": "expected-inconclusive", "test_passed": "passed-intermittent",
+        "test_lost_content": "failed", "(run)": pytest.ExitCode.TESTS_FAILED}
+    assert statuses["intermittent"] == {
+        "test_proved_nothing": "expected-fail", "test_passed": "passed-intermittent",
+        "test_lost_content": "expected-fail", "(run)": pytest.ExitCode.OK}
+
+
 def test_json_summary_groups_outcomes_by_requirement(run, cases, pytester):
     """--gpujail-report writes the run info and, per requirement, each test's status (passed,
     failed, expected-fail, unexpected-pass, skipped) with the reason, and lists the requirements no

@@ -17,8 +17,9 @@ whose `self.value`, `self.expectations` are Suite's). `pytest_collection_modifyi
   (gpujail/contract.py `cli_commands`: direct runs no configure, the CDI ones neither; a vendor's
   expectations file may say `cli = [...]`);
 * turns the expectations file into strict xfails (`_expect`: [tests], then [intermittent], then
-  [requirements]; [inconclusive] is a strict xfail on `Inconclusive` only), matching node ids by
-  suffix or shell wildcard (`_match`);
+  [requirements]; [inconclusive] is a strict xfail on `Inconclusive` only, [intermittent-inconclusive]
+  a non-strict one: a pass or INCONCLUSIVE, never a violation), matching node ids by suffix or
+  shell wildcard (`_match`);
 * sorts the self-checks first: they are the run's precondition (xdist hands out tests in order).
 """
 from __future__ import annotations
@@ -40,7 +41,8 @@ from gpujail.spec import REQUIREMENTS
 SELF_CHECK = "self_check"
 NEEDS_CLI = "needs_cli"   # needs_cli("configure"): a test that fails or stubs that CLI command (contract.cli_commands)
 CACHED = "already checked on this host"   # a self-check's skip reason when it passed here before
-EXPECTED_INCONCLUSIVE = "expected inconclusive: "   # the xfail reason of a test listed under [inconclusive]
+EXPECTED_INCONCLUSIVE = "expected inconclusive"   # starts the xfail reason of a test listed under [inconclusive]
+#                                                   or [intermittent-inconclusive], then ": why"
 EXPECTED_TO_FAIL = "expected to fail: "   # the xfail reason of a test listed under [tests] or by requirement
 
 
@@ -92,12 +94,17 @@ class Collection:
         # A test named under [tests] is a strict expected failure, even where a wider [intermittent]
         # pattern also matches it; then [intermittent] (wpt's [PASS, FAIL]); then [requirements].
         # [inconclusive] expects the run to prove nothing, and nothing else: a violation still fails.
-        inconclusive = _match(item.nodeid, exp["inconclusive"])
-        if inconclusive:
-            from gpujail.chaos.checkers.results import Inconclusive
-            item.add_marker(pytest.mark.xfail(reason=f"{EXPECTED_INCONCLUSIVE}{inconclusive}", strict=True,
-                                              raises=Inconclusive))
-            return
+        # [intermittent-inconclusive] expects it to prove nothing or to pass, by timing (a fault placed
+        # at a time, not at a step): a violation still fails, which a plain [intermittent] would
+        # accept as an expected failure.
+        from gpujail.chaos.checkers.results import Inconclusive
+        for section, strict, either in (("inconclusive", True, ""),
+                                        ("intermittent-inconclusive", False, " or a pass, by timing")):
+            why = _match(item.nodeid, exp[section])
+            if why:
+                item.add_marker(pytest.mark.xfail(reason=f"{EXPECTED_INCONCLUSIVE}{either}: {why}", strict=strict,
+                                                  raises=Inconclusive))
+                return
         reason = _match(item.nodeid, exp["tests"])
         flaky = None if reason else _match(item.nodeid, exp["intermittent"])
         if flaky:

@@ -53,7 +53,8 @@ class Outcomes:
             from gpujail.chaos.checkers.results import Inconclusive
             if call.excinfo.errisinstance(Inconclusive):
                 # Expected to fail, but the run proved nothing: that is no failure as expected. Only
-                # [inconclusive] (and [intermittent], which promises nothing) accept such a run.
+                # [inconclusive], [intermittent-inconclusive] (and [intermittent], which promises
+                # nothing) accept such a run.
                 report.outcome, report.longrepr = "failed", f"{report.wasxfail}; but {call.excinfo.value}"
                 del report.wasxfail
         if report.failed and call.excinfo is not None and self.value("launcher"):
@@ -82,7 +83,7 @@ class Outcomes:
             status = report.outcome
         reason = ""
         if status in ("inconclusive", "expected-inconclusive"):
-            reason = props.get("inconclusive", "") + (f" (listed: {report.wasxfail[len(EXPECTED_INCONCLUSIVE):]})"
+            reason = props.get("inconclusive", "") + (f" (listed: {report.wasxfail.split(': ', 1)[1]})"
                                                        if status == "expected-inconclusive" else "")
         elif report.skipped and isinstance(report.longrepr, tuple):
             reason = report.longrepr[2]
