@@ -85,6 +85,7 @@ from gpujail.world.failpoints import REGISTRY
 SYSCALL = "syscall."   # a fault on `syscall.NAME` is injected by strace at that system call, not by a failpoint
 
 DIR = Path(__file__).resolve().parent / "scenarios"
+JAILFS_DIR = DIR / "jailfs"   # the scenarios of a network jail's own faults (chaos/test_jailfs_scenarios.py)
 KEYS = {"name", "description", "gpu_workers", "cpu_workers", "login_nodes", "versions", "warm", "reused_jail",
         "populate_cleanup", "max_restarts", "transient_only", "barriers", "faults", "kills", "mode", "fail_rate",
         "fail_count", "fail_after",
@@ -292,10 +293,13 @@ class Scenario:
 
 
 def load(source: str | Path) -> Scenario:
-    """A scenario by name (chaos/scenarios/NAME.toml) or path; errors name the file and the key."""
+    """A scenario by name (chaos/scenarios/NAME.toml, else chaos/scenarios/jailfs/NAME.toml) or path;
+    errors name the file and the key."""
     path = Path(source)
     if not path.suffix:
         path = DIR / f"{source}.toml"
+        if not path.exists() and (JAILFS_DIR / path.name).exists():
+            path = JAILFS_DIR / path.name
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -400,8 +404,8 @@ def load(source: str | Path) -> Scenario:
     return scenario
 
 
-def names() -> list[str]:
-    return sorted(p.stem for p in DIR.glob("*.toml"))
+def names(where: Path = DIR) -> list[str]:
+    return sorted(p.stem for p in where.glob("*.toml"))
 
 
 # The scenarios `legacy` cannot show failing (a killed CLI does no cleanup, legacy takes no lock, ...) or

@@ -17,12 +17,11 @@ from gpujail.chaos.test_scenarios import verdict
 from gpujail.options import option, seed_of
 
 pytestmark = [pytest.mark.kernel, pytest.mark.req("INV-1", "INV-2", "INV-3", "INV-5", "INV-6")]
-DIR = scenario.DIR / "jailfs"
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in DIR.glob("*.toml")))
+@pytest.mark.parametrize("name", scenario.names(scenario.JAILFS_DIR))
 def test_network_fault(name, impl, artefacts_dir, request, tmp_path, workers):
-    sc = scenario.load(DIR / f"{name}.toml").with_workers(workers)
+    sc = scenario.load(scenario.JAILFS_DIR / f"{name}.toml").with_workers(workers)
     kind = sc.jail_fs or option(request.config, "jail-fs")
     reason = jailfs.unavailable(kind)
     if reason:

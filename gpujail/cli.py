@@ -5,7 +5,7 @@ How this works
 --------------
     gpujail run [--impl NAME|COMMAND] [--backend B] [--expectations FILE] [--cdi-spec FILE] [TEST ...] [-- PYTEST-ARGS]
     gpujail reproduce SCENARIO [--impl NAME|COMMAND] [--seed N] [--random] [--out DIR] [--cdi-spec FILE] [--schedule S]
-                      [--start-timeout S] [--cli VARIANT]
+                      [--start-timeout S] [--cli VARIANT] [--jail-fs KIND]
     gpujail scenarios [FILE ...]
     gpujail failpoints
     gpujail killmatrix [--template] [--mutants A,B] [--tests PATHS] [--quick]
@@ -156,8 +156,14 @@ def cmd_reproduce(args) -> int:
     except options.BadInput as e:
         raise Stop("bad-input", str(e)) from None
     require_impl(args.impl)
+    # the jail's file system: the scenario's own (a network fault's scenario pins it), else --jail-fs
+    args.jail_fs = sc.jail_fs or args.jail_fs
+    if args.launcher and args.jail_fs != "local":
+        raise Stop("bad-input", f"scenario {sc.name}: a jail on {args.jail_fs} is mounted by this host's own nodes, "
+                                f"not by --launcher {args.launcher}'s agents")
     check_backend("kernel")   # the chaos runner's backend
     check_launcher(args)
+    check_jail_fs(args.jail_fs, "kernel")
     given = {name: options.flag(name, getattr(args, name.replace("-", "_"))) for name in ("start-timeout", "cli", "cdi-spec")}
     try:
         run = options.settings({**given, "backend": options.flag("backend", "kernel"),
@@ -202,7 +208,7 @@ def parser() -> Parser:
 
     rep = sub.add_parser("reproduce", help="run one chaos scenario and show its verdict, chain and timeline")
     rep.add_argument("scenario", help="a name from `gpujail scenarios`, or a scenario TOML file")
-    add_options(rep, ("impl", "seed", "workers", "cdi-spec", "start-timeout", "cli", "schedule"), env,
+    add_options(rep, ("impl", "seed", "workers", "cdi-spec", "start-timeout", "cli", "schedule", "jail-fs"), env,
                 more={"seed": " (a failing test prints it)",
                       "schedule": "; the same seed and schedule replay the same decisions"})
     rep.add_argument("--random", action="store_true", help="add the seeded random timing (the '-random-seed+N' tests)")

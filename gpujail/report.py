@@ -251,8 +251,9 @@ def reproduce_command(test: str, events: list[dict], impl: str) -> str:
     """The command that replays a chaos test's run: `gpujail reproduce` for a scenario file, the
     pytest node id otherwise (scenarios built in code, e.g. the CLI error at each failpoint)."""
     begin = next((e for e in events if e.get("kind") == "chaos.begin"), {})
-    from gpujail.chaos.scenario import names
-    if "::test_scenario[" in test and begin.get("scenario") in names():
+    from gpujail.chaos.scenario import JAILFS_DIR, names
+    if ("::test_scenario[" in test and begin.get("scenario") in names()
+            or "::test_network_fault[" in test and begin.get("scenario") in names(JAILFS_DIR)):
         flag = " --random" if "-random-seed+" in test else ""
         sched = next((e for e in events if e.get("kind") == "sched.begin"), None)   # a run under --schedule
         flag += f" --schedule {shlex.quote(sched['strategy'])}" if sched else ""

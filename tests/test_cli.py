@@ -119,6 +119,8 @@ BROKEN = {"syntax.toml": 'name = "x"\ngpu_workers = \n',
     (["reproduce", "cold-race", "--", "-x"], "bad-input", ["no pytest arguments"]),
     (["reproduce", "cold-race", "--start-timeout", "inf"], "bad-input", ["--start-timeout 'inf'", "positive number"]),
     (["reproduce", "cold-race", "--cli", "fak"], "bad-input", ["--cli", "invalid choice: 'fak'"]),
+    (["reproduce", "cold-race", "--jail-fs", "nfs"], "bad-input", ["--jail-fs 'nfs'", "local, gluster"]),
+    (["reproduce", "gluster-latency", "--launcher", "slurm"], "bad-input", ["a jail on gluster", "--launcher slurm"]),
     (["frobnicate"], "bad-input", ["invalid choice: 'frobnicate'"]),
     ([], "bad-input", ["required: COMMAND"]),
     (["check"], "bad-input", ["gpujail check", "required: history"]),
@@ -205,6 +207,25 @@ def test_reproduce_valid_run(tmp_path):
     assert r.returncode == cli.EXIT["passed"], r.stdout + r.stderr
     assert "verdict: VALID" in r.stdout and "causal chain" not in r.stdout
     assert (out / "timeline.html").exists()   # drawn for a valid run too
+
+
+@pytest.mark.kernel
+@needs_kernel
+def test_reproduce_a_network_fault_scenario_injects_its_fault(tmp_path):
+    """`gpujail reproduce gluster-client-lost`, a scenario of chaos/scenarios/jailfs/, runs as the
+    chaos suite runs it: on the jail's file system it pins, its network fault injected (w3's
+    GlusterFS client lost while w3 starts), both fault windows open."""
+    from gpujail.backends import jailfs
+    reason = jailfs.unavailable("gluster", install=False)
+    if reason:   # a failure where it must run (run-tests as root sets GPUJAIL_REQUIRE_JAILFS=1)
+        (pytest.fail if os.environ.get("GPUJAIL_REQUIRE_JAILFS") else pytest.skip)(reason)
+    out = tmp_path / "out"
+    r = gpujail(tmp_path, "reproduce", "gluster-client-lost", "--impl", "reference", "--out", str(out))
+    assert r.returncode == cli.EXIT["passed"], r.stdout + r.stderr
+    assert "window net-fault-while-starting: opened: lose-client of w3" in r.stdout, r.stdout
+    assert "window net-fault-cleared: opened" in r.stdout, r.stdout
+    assert '"kind":"jailfs.fault"' in (out / "history.jsonl").read_text()
+    assert re.search(r"done in \d+:\d\d: 4/4 workers ready", r.stdout), r.stdout   # w3 counted once, no prewarm
 
 
 @pytest.mark.kernel
@@ -650,3 +671,15 @@ def test_the_reproduce_command_of_a_scheduled_run_names_its_schedule():
     events.append({"kind": "sched.begin", "strategy": "pct:d=3,k=268", "seed": 2, "workers": ["w0", "w1"]})
     assert report.reproduce_command(test, events, "legacy") == \
         "gpujail reproduce cold-race --impl legacy --seed 2 --schedule pct:d=3,k=268"
+
+
+def test_the_reproduce_command_of_a_network_fault_run_is_reproduce():
+    """A network fault's scenario (chaos/scenarios/jailfs/) replays through `gpujail reproduce`,
+    which injects its fault on the jail it pins; a run built in code replays as its pytest node."""
+    test = "chaos/test_jailfs_scenarios.py::test_network_fault[gluster-client-lost]"
+    events = [{"kind": "chaos.begin", "scenario": "gluster-client-lost", "seed": 0}]
+    assert report.reproduce_command(test, events, "direct") == \
+        "gpujail reproduce gluster-client-lost --impl direct --seed 0"
+    test = "chaos/test_scenarios.py::test_cli_error_at_every_failpoint[cli.before_mount]"
+    events = [{"kind": "chaos.begin", "scenario": "cli-error-cli.before_mount", "seed": 0}]
+    assert report.reproduce_command(test, events, "direct") == f"gpujail run --impl direct -- '{test}'"

@@ -31,8 +31,8 @@ class HistoryWatch:
             complete = data[:data.rfind(b"\n") + 1]
             self.offsets[path] = self.offsets.get(path, 0) + len(complete)
             for line in complete.splitlines():
-                if b'"kind":"worker.ready"' in line:
-                    self.ready.add((str(path), json.loads(line).get("node")))
+                if b'"kind":"worker.ready"' in line and b'"node":"prewarm"' not in line:   # the warm jail's maker
+                    self.ready.add((str(path), json.loads(line).get("node")))                # is no worker
                 elif (b'"kind":"chaos.kill"' in line or b'"kind":"cli.syscall_fault"' in line
                       or (b'"kind":"failpoint"' in line and b'"action":"off"' not in line)):
                     self.faults += 1

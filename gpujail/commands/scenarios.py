@@ -39,7 +39,8 @@ def reproduce(args, sc) -> int:
     progress = Progress(line, term, 1.0 if term.isatty() else 5.0)
     progress.start()
     try:
-        result = runner.run(sc, args.impl, tmp / "run", seed=args.seed, scheduled=plan, **launched(args, len(sc.workers)))
+        result = runner.run(sc, args.impl, tmp / "run", seed=args.seed, scheduled=plan,
+                            **(launched(args, len(sc.workers)) or jailed(args, sc)))
         result.keep(out)
         clocks = keep_clocks(args, tmp / "run", out)
     except KeyboardInterrupt:
@@ -81,12 +82,13 @@ def one_line(sc) -> str:
     text = " ".join(sc.description.split())
     first = text.split(". ")[0].rstrip(".")
     opt_in = " (opt-in: -m scale)" if sc.scale else ""
-    return f"{sc.name:<20} {sc.mode:<13} {', '.join(roles):<16} {first}{opt_in}"
+    jail = f"(jail on {sc.jail_fs}) " if sc.jail_fs else ""
+    return f"{sc.name:<20} {sc.mode:<13} {', '.join(roles):<16} {jail}{first}{opt_in}"
 
 
 def scenarios(args) -> int:
-    from gpujail.chaos.scenario import DIR, names
-    sources = args.files or names()
+    from gpujail.chaos.scenario import DIR, JAILFS_DIR, names
+    sources = args.files or names() + names(JAILFS_DIR)
     bad = 0
     for source in sources:
         try:
@@ -95,8 +97,8 @@ def scenarios(args) -> int:
             print(f"gpujail: {e}", file=sys.stderr)
             bad += 1
     if not args.files:
-        print(f"\n{len(sources)} scenarios in {DIR}; each runs as written and with seeded random timing "
-              "(`gpujail reproduce NAME [--random] --seed N`)")
+        print(f"\n{len(sources)} scenarios in {DIR} (those of a network jail's faults in {JAILFS_DIR.name}/); each "
+              "runs as written and with seeded random timing (`gpujail reproduce NAME [--random] --seed N`)")
     return EXIT["bad-input"] if bad else EXIT["passed"]
 
 
@@ -119,6 +121,15 @@ def launched(args, workers: int) -> dict:
     return {"fleet_class": launchers.fleet_class(args.launcher, agents=workers, nodes=args.nodes,
                                                  partition=args.partition, account=args.account,
                                                  **{name: getattr(args, name.replace("-", "_")) for name in k8s_names()})}
+
+
+def jailed(args, sc) -> dict:
+    """`runner.run`'s fleet_class for a jail on a network file system (--jail-fs, or the scenario's
+    own `jail_fs`), which also injects the scenario's network faults, else nothing."""
+    if args.jail_fs == "local" and not sc.net_faults:
+        return {}
+    from gpujail.backends import jailfs_fleet, kernel
+    return {"fleet_class": jailfs_fleet.fleet_class(kernel.Fleet, args.jail_fs, sc.net_faults)}
 
 
 def keep_clocks(args, run_dir: Path, out: Path) -> str:
