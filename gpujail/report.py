@@ -247,15 +247,18 @@ def self_checks(report: dict) -> dict:
 
 # -- the HTML page (gpujail/report_page.py) ----------------------------------------------------
 
-def reproduce_command(test: str, events: list[dict], impl: str) -> str:
+def reproduce_command(test: str, events: list[dict], impl: str, jail_fs: str = "local") -> str:
     """The command that replays a chaos test's run: `gpujail reproduce` for a scenario file, the
-    pytest node id otherwise (scenarios built in code, e.g. the CLI error at each failpoint)."""
+    pytest node id otherwise (scenarios built in code, e.g. the CLI error at each failpoint); on the
+    run's jail file system (a run of --jail-fs gluster replayed on a local directory shows nothing)."""
     begin = next((e for e in events if e.get("kind") == "chaos.begin"), {})
+    on = f" --jail-fs {jail_fs}" if jail_fs != "local" else ""
     from gpujail.chaos.scenario import JAILFS_DIR, names
     if ("::test_scenario[" in test and begin.get("scenario") in names()
             or "::test_network_fault[" in test and begin.get("scenario") in names(JAILFS_DIR)):
         flag = " --random" if "-random-seed+" in test else ""
         sched = next((e for e in events if e.get("kind") == "sched.begin"), None)   # a run under --schedule
         flag += f" --schedule {shlex.quote(sched['strategy'])}" if sched else ""
-        return f"gpujail reproduce {begin['scenario']} --impl {shlex.quote(impl)} --seed {begin.get('seed', 0)}{flag}"
-    return f"gpujail run --impl {shlex.quote(impl)} -- {shlex.quote(test)}"
+        return (f"gpujail reproduce {begin['scenario']} --impl {shlex.quote(impl)} --seed {begin.get('seed', 0)}"
+                f"{flag}{on}")
+    return f"gpujail run --impl {shlex.quote(impl)}{on} -- {shlex.quote(test)}"

@@ -673,7 +673,7 @@ def test_the_reproduce_command_of_a_scheduled_run_names_its_schedule():
         "gpujail reproduce cold-race --impl legacy --seed 2 --schedule pct:d=3,k=268"
 
 
-def test_the_reproduce_command_of_a_network_fault_run_is_reproduce():
+def test_the_reproduce_command_of_a_network_fault_run_is_reproduce_on_its_jail():
     """A network fault's scenario (chaos/scenarios/jailfs/) replays through `gpujail reproduce`,
     which injects its fault on the jail it pins; a run built in code replays as its pytest node."""
     test = "chaos/test_jailfs_scenarios.py::test_network_fault[gluster-client-lost]"
@@ -683,3 +683,10 @@ def test_the_reproduce_command_of_a_network_fault_run_is_reproduce():
     test = "chaos/test_scenarios.py::test_cli_error_at_every_failpoint[cli.before_mount]"
     events = [{"kind": "chaos.begin", "scenario": "cli-error-cli.before_mount", "seed": 0}]
     assert report.reproduce_command(test, events, "direct") == f"gpujail run --impl direct -- '{test}'"
+    # a run on another jail file system (--jail-fs, as CI's node-local locks) replays on it
+    assert report.reproduce_command(test, events, "direct", "nodelocal-locks") == \
+        f"gpujail run --impl direct --jail-fs nodelocal-locks -- '{test}'"
+    test, events = "chaos/test_scenarios.py::test_scenario[lock-holder-killed]", [
+        {"kind": "chaos.begin", "scenario": "lock-holder-killed", "seed": 1}]
+    assert report.reproduce_command(test, events, "legacy", "nodelocal-locks") == \
+        "gpujail reproduce lock-holder-killed --impl legacy --seed 1 --jail-fs nodelocal-locks"
