@@ -348,6 +348,9 @@ def load(source: str | Path) -> Scenario:
         bad = [f.fault for f in scenario.net_faults if f.fault not in NET_FAULTS]
         if bad:
             raise ScenarioError(f"{path}: net_faults: unknown fault(s) {', '.join(bad)} (known: {', '.join(NET_FAULTS)})")
+        if scenario.net_faults and scenario.jail_fs != "gluster":   # else the injector fails mid-run
+            raise ScenarioError(f"{path}: net_faults need jail_fs = \"gluster\" (they act on its brick, its "
+                                f"clients and its delay-gen translator), given {scenario.jail_fs or 'none'}")
     from gpujail.fixtures.drivers import LAYOUTS
     if scenario.layout not in LAYOUTS:
         raise ScenarioError(f"{path}: layout {scenario.layout!r}, expected one of {', '.join(LAYOUTS)}")

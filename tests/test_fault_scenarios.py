@@ -230,7 +230,11 @@ def test_scenario_keys_are_checked(tmp_path):
                        ('barriers = [{ name = "r" }]\nhost_upgrades = [{ worker = "w9", barrier = "r", '
                         'version = "570.86.15" }]\n', "no GPU worker"),
                        ('host_upgrades = [{ worker = "w1", barrier = "r", version = "570.86.15" }]\n', "no barrier"),
-                       ('net_faults = [{ fault = "lose-client", worker = "w1", barrier = "r" }]\n', "net_faults: no barrier"),
+                       ('jail_fs = "gluster"\nnet_faults = [{ fault = "lose-client", worker = "w1", barrier = "r" }]\n',
+                        "net_faults: no barrier"),
+                       ('net_faults = [{ fault = "kill-brick" }]\n', 'net_faults need jail_fs = "gluster"'),
+                       ('jail_fs = "nodelocal-locks"\nnet_faults = [{ fault = "latency", ms = 5 }]\n',
+                        "given nodelocal-locks"),
                        ('[worker_capabilities]\nw1 = "compute,vulkan"\n', "unknown capability 'vulkan'"),
                        ('[worker_capabilities]\nw7 = "compute"\n', "no worker 'w7'"),
                        ("fail_count = 1\n", "fail_count"),
