@@ -4,7 +4,9 @@
 
 Every test that failed (or was expected to fail and did) is listed under [tests] with the reason
 from the report, every chaos test that proved nothing (inconclusive, or expected so) under
-[inconclusive] with why; tests that passed are left out. Review the reasons before committing: an
+[inconclusive] with why; tests that passed are left out. A test the run's own file listed as
+[intermittent] or [intermittent-inconclusive] stays there, whatever this run did (one run cannot
+show that a test is no longer intermittent: wpt's update-expectations keeps them too). Review the reasons before committing: an
 expectations file is a statement of what an implementation is known to get wrong.
 `python -m gpujail.conformance.expectations REPORT` is the same command.
 """
@@ -21,9 +23,13 @@ def render(report: dict) -> str:
     info = report["run_info"]
     failing: dict[str, str] = {}
     unproven: dict[str, str] = {}
+    kept: dict[str, dict[str, str]] = {"intermittent": {}, "intermittent-inconclusive": {}}
     for rid, entry in report["requirements"].items():
         for t in entry["tests"]:
-            if t["status"] in ("failed", "expected-fail"):
+            listed = t.get("listed") or {}
+            if listed.get("section") in kept:
+                kept[listed["section"]].setdefault(t["test"], listed["why"].replace('"', "'"))
+            elif t["status"] in ("failed", "expected-fail"):
                 failing.setdefault(t["test"], f"{rid}: {t['reason']}".replace('"', "'"))
             elif t["status"] in ("inconclusive", "expected-inconclusive"):
                 unproven.setdefault(t["test"], t["reason"].splitlines()[0].replace('"', "'") if t["reason"] else "?")
@@ -31,8 +37,9 @@ def render(report: dict) -> str:
              f"# generated from a run on the {info['backend']} backend; edit the reasons by hand.",
              f'implementation = "{info["implementation"]}"', "", "[tests]"]
     lines += [f'"{test}" = "{reason}"' for test, reason in sorted(failing.items())]
-    if unproven:
-        lines += ["", "[inconclusive]"] + [f'"{test}" = "{reason}"' for test, reason in sorted(unproven.items())]
+    for section, tests in [("inconclusive", unproven), *kept.items()]:
+        if tests:
+            lines += ["", f"[{section}]"] + [f'"{test}" = "{reason}"' for test, reason in sorted(tests.items())]
     return "\n".join(lines) + "\n"
 
 

@@ -44,6 +44,7 @@ CACHED = "already checked on this host"   # a self-check's skip reason when it p
 EXPECTED_INCONCLUSIVE = "expected inconclusive"   # starts the xfail reason of a test listed under [inconclusive]
 #                                                   or [intermittent-inconclusive], then ": why"
 EXPECTED_TO_FAIL = "expected to fail: "   # the xfail reason of a test listed under [tests] or by requirement
+INTERMITTENT = "known intermittent: "     # ... under [intermittent]
 
 
 class Collection:
@@ -108,11 +109,20 @@ class Collection:
         reason = _match(item.nodeid, exp["tests"])
         flaky = None if reason else _match(item.nodeid, exp["intermittent"])
         if flaky:
-            item.add_marker(pytest.mark.xfail(reason=f"known intermittent: {flaky}", strict=False))
+            item.add_marker(pytest.mark.xfail(reason=f"{INTERMITTENT}{flaky}", strict=False))
             return
         reason = reason or next((f"{i}: {exp['requirements'][i]}" for i in ids if i in exp["requirements"]), None)
         if reason:
             item.add_marker(pytest.mark.xfail(reason=f"{EXPECTED_TO_FAIL}{reason}", strict=True))
+
+
+def listed(xfail_reason: str) -> dict:
+    """Where the expectations file listed a test, read back from its xfail reason (`_expect`): the
+    section and why, which `gpujail expectations` keeps for the non-strict ones."""
+    section = ("intermittent" if xfail_reason.startswith(INTERMITTENT) else
+               "inconclusive" if xfail_reason.startswith(EXPECTED_INCONCLUSIVE + ":") else
+               "intermittent-inconclusive" if xfail_reason.startswith(EXPECTED_INCONCLUSIVE) else "tests")
+    return {"section": section, "why": xfail_reason.split(": ", 1)[-1]}
 
 
 def purpose(item) -> str:

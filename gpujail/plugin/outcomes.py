@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujail.plugin.collection import CACHED, EXPECTED_INCONCLUSIVE, EXPECTED_TO_FAIL, SELF_CHECK, SelfCheckCache
+from gpujail.plugin.collection import CACHED, EXPECTED_INCONCLUSIVE, EXPECTED_TO_FAIL, SELF_CHECK, SelfCheckCache, listed
 from gpujail.report import HARNESS_FAMILIES, status_under
 from gpujail.report_page import write_html
 from gpujail.spec import CONTRACT_VERSION, PENDING, REQUIREMENTS
@@ -83,7 +83,7 @@ class Outcomes:
             status = report.outcome
         reason = ""
         if status in ("inconclusive", "expected-inconclusive"):
-            reason = props.get("inconclusive", "") + (f" (listed: {report.wasxfail.split(': ', 1)[1]})"
+            reason = props.get("inconclusive", "") + (f" (listed: {listed(report.wasxfail)['why']})"
                                                        if status == "expected-inconclusive" else "")
         elif report.skipped and isinstance(report.longrepr, tuple):
             reason = report.longrepr[2]
@@ -94,6 +94,8 @@ class Outcomes:
             reason = failure_reason(crash.message if crash else report.longreprtext.strip()[-2000:])
         entry = {"test": report.nodeid, "status": status, "reason": reason, "duration": round(report.duration, 3),
                  "purpose": props.get("purpose", "")}
+        if hasattr(report, "wasxfail"):   # which section of the expectations file listed it, and why
+            entry["listed"] = listed(report.wasxfail)
         if "invariants" in props:   # a chaos run: each invariant's status, and why where not PASS
             entry["invariants"] = props["invariants"]
             entry["invariant_reasons"] = props.get("invariant_reasons", {})
