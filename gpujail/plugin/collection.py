@@ -121,7 +121,7 @@ def listed(xfail_reason: str) -> dict:
     section and why, which `gpujail expectations` keeps for the non-strict ones."""
     section = ("intermittent" if xfail_reason.startswith(INTERMITTENT) else
                "inconclusive" if xfail_reason.startswith(EXPECTED_INCONCLUSIVE + ":") else
-               "intermittent-inconclusive" if xfail_reason.startswith(EXPECTED_INCONCLUSIVE) else "tests")
+               "intermittent-inconclusive" if xfail_reason.startswith(EXPECTED_INCONCLUSIVE) else "tests or requirements")
     return {"section": section, "why": xfail_reason.split(": ", 1)[-1]}
 
 
