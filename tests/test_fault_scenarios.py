@@ -389,7 +389,7 @@ def test_a_barrier_with_a_network_fault_opens_only_once_the_fault_began(tmp_path
     other one finished, the keeper still waits for the fault (jailfs.fault, written by the fleet's
     injector), then opens the barrier at once: the held start always meets the fault."""
     p = tmp_path / "s.toml"
-    p.write_text('name = "s"\ngpu_workers = 2\nbarriers = [{ name = "lost" }]\n'
+    p.write_text('name = "s"\ngpu_workers = 2\nbarriers = [{ name = "lost" }]\njail_fs = "gluster"\n'
                  'net_faults = [{ fault = "lose-client", worker = "w1", barrier = "lost" }]\n')
     sc = scenario.load(p)
     run = tmp_path / "run"
