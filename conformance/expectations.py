@@ -6,8 +6,9 @@ Every test that failed (or was expected to fail and did) is listed under [tests]
 from the report, every chaos test that proved nothing (inconclusive, or expected so) under
 [inconclusive] with why; tests that passed are left out. A test the run's own file listed as
 [intermittent] or [intermittent-inconclusive] stays there, whatever this run did (one run cannot
-show that a test is no longer intermittent: wpt's update-expectations keeps them too). Review the reasons before committing: an
-expectations file is a statement of what an implementation is known to get wrong.
+show that a test is no longer intermittent: wpt's update-expectations keeps them too). Review the
+reasons before committing: an expectations file is a statement of what an implementation is known
+to get wrong.
 `python -m gpujail.conformance.expectations REPORT` is the same command.
 """
 from __future__ import annotations
