@@ -37,7 +37,10 @@ die() { # die CODE MESSAGE: one line on stderr, exit codes as reference_impl/cor
 }
 
 # mountinfo octal-escapes spaces in mount points (\040): compare against the escaped jail path.
-JAIL_ESCAPED=$(printf '%s/' "$JAIL" | sed 's/ /\\040/g')
+case $JAIL in   # (sed only for a jail path with a space: a program less in every start)
+    *' '*) JAIL_ESCAPED=$(printf '%s/' "$JAIL" | sed 's/ /\\040/g') ;;
+    *) JAIL_ESCAPED=$JAIL/ ;;
+esac
 # (Passed through the environment: awk -v would turn \040 back into a space.)
 mounts_under_jail() { J=$JAIL_ESCAPED awk 'index($5, ENVIRON["J"]) == 1 { print $1 " " $5 }' /proc/self/mountinfo; }
 
@@ -109,7 +112,7 @@ dummy_mounts() {
         ( enter_dir "$d" || exit 0
           for f in lib*.so.*; do
               [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %s -- "$f")" -lt 64 ] || continue
-              if ! { mount --bind -- "$dummy" "$PWD/$f" && mount -o remount,bind,ro,nodev,nosuid -- "$PWD/$f"; }; then
+              if ! mount --bind -o ro,nodev,nosuid -- "$dummy" "$PWD/$f"; then
                   [ -e "$f" ] || continue              # removed meanwhile: fine
                   die 8 "cannot mount the dummy library over $JAIL/$d/$f"
               fi
@@ -152,7 +155,7 @@ done)
 # target resolves outside it (an absolute or `..` symlink), before anything runs. One realpath call.
 outside=$(printf '%s\n' "$files" | while IFS='	' read -r host rel; do
     printf '%s/%s\n' "$JAIL" "$rel"
-done | xargs -d '\n' realpath -m -- | grep -v -e "^$JAIL/" -e "^$JAIL\$" | head -n 1) || true
+done | xargs -d '\n' realpath -m -- | grep -v -m 1 -e "^$JAIL/" -e "^$JAIL\$") || true
 [ -z "$outside" ] || die 7 "a target resolves to $outside, outside the jail $JAIL: refusing (the CLI would follow it)"
 
 # REF-3: a target needs a marker when it is missing or an old 0-byte placeholder (a regular file
@@ -257,8 +260,8 @@ create_markers() {
 # symlinks to the host libraries makes one soname link per library there.
 SODIR=$(mktemp -d /run/gpujail-sonames.XXXXXX) || die 8 "cannot make a scratch directory in /run"
 trap 'rm -rf -- "$SODIR"' EXIT
+mkdir -p -- "$SODIR/$LIBDIR" "$SODIR/$LIB32DIR"
 for dir in "$LIBDIR" "$LIB32DIR"; do               # where target() puts every library
-    mkdir -p -- "$SODIR/$dir"
     printf '%s\n' "$files" | while IFS='	' read -r host rel; do
         case "$rel" in "$dir"/lib*.so.*) printf '%s\n' "$host" ;; esac
     done | xargs -r -d '\n' ln -s -t "$SODIR/$dir" --
@@ -270,8 +273,7 @@ sonames=$(cd "$SODIR" && { ldconfig -n "$SODIR/$LIBDIR" "$SODIR/$LIB32DIR" 2>/de
         $3 ~ /^\// { host[$1 "/" $2] = $3; next }
         { soname[++n] = $1 "/" $2; library[n] = $1 "/" $3 }
         END { for (i = 1; i <= n; i++) if (library[i] in host) print host[library[i]] "\t" substr(soname[i], 3) }')
-soname_rels=$(printf '%s\n' "$sonames" | cut -f2)
-is_soname() { case "$NL$soname_rels$NL" in *"$NL$1$NL"*) return 0 ;; esac; return 1; }
+is_soname() { case "$sonames$NL" in *"	$1$NL"*) return 0 ;; esac; return 1; }   # a line's REL, after its tab
 # A soname link that resolves to this node's own library (as ldconfig made it) is kept: once the CLI
 # mounts that library it leads to our content, and workers that still run an older procedure keep
 # their links. One that leads elsewhere (another driver's library) becomes a marker.
@@ -353,11 +355,11 @@ new=$(mounts_under_jail | while read -r id point; do
     case "$NL$before" in *"$NL$id "*) ;; *) printf '%b\n' "$point" ;; esac
 done)
 [ -n "$new" ] || die 5 "the CLI reported success but created no mounts under the jail"
-gone=$({ printf '%s\n' "$new" | sed 's/^/have /'
-         printf '%s\n' "$files" | while IFS='	' read -r host rel; do
-             selected "$host" "$rel" && printf '%s/%s\n' "$JAIL" "$rel"
-         done | xargs -r -d '\n' realpath -m -- | sed 's/^/want /'
-       } | awk '$1 == "have" { have[substr($0, 6)] = 1; next } !(substr($0, 6) in have) { print substr($0, 6); exit }')
+gone=$(printf '%s\n' "$files" | while IFS='	' read -r host rel; do
+           selected "$host" "$rel" && printf '%s/%s\n' "$JAIL" "$rel"
+       done | xargs -r -d '\n' realpath -m -- |
+       N=$new awk 'BEGIN { n = split(ENVIRON["N"], p, "\n"); for (i = 1; i <= n; i++) have[p[i]] = 1 }
+                   !($0 in have) { print; exit }')
 [ -z "$gone" ] || die 5 "$gone: not mounted after configure: detached meanwhile, or never mounted"
 # sizes_of PATHS: each of the newline-separated PATHS' size (following links), read by one stat, not
 # one per path; size_of PATH then sets $size from them (the line before " PATH"; empty if it was missing,
@@ -376,6 +378,8 @@ done
 # REF-12: this node's own library over each soname placeholder whose library the CLI mounted,
 # read-only like the CLI's mounts (a kept link leads to the library the CLI just mounted), then real
 # content by path (REF-7), all of them by one stat. Printed: the path of each soname checked.
+# (`mount --bind -o ro,...` binds and then remounts read-only, one program for both: util-linux 2.27
+# and later. An older mount(8) binds read-write, which the conformance suite's flag check reports.)
 sonames_here=$(printf '%s\n' "$sonames" | while IFS='	' read -r host rel; do
     [ -n "$host" ] || continue
     dir=${rel%/*}
@@ -384,7 +388,7 @@ sonames_here=$(printf '%s\n' "$sonames" | while IFS='	' read -r host rel; do
     f=${rel##*/}
     if ! kept_link "$rel"; then
         [ -f "$f" ] && [ ! -L "$f" ] || die 5 "$JAIL/$rel: the soname placeholder is not a regular file"
-        if ! { mount --bind -- "$host" "$PWD/$f" && mount -o remount,bind,ro,nodev,nosuid -- "$PWD/$f"; }; then
+        if ! mount --bind -o ro,nodev,nosuid -- "$host" "$PWD/$f"; then
             die 5 "cannot mount $host over the soname $JAIL/$rel"
         fi
     fi
