@@ -88,12 +88,13 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
             kind, n = ("worker.ready", f.after_ready) if f.after_ready else ("worker.start", 1)
             tail, seen = history.Tail(hist), 0   # the history as it grows: read once, not again every 20 ms
             held: set[str] = set()   # the workers paused at the fault's barrier
-            while not self._stop.is_set() and (seen < n or (f.barrier and not held)):
+            while not self._stop.is_set():   # until n such events, and someone held at the barrier if any
                 seen += sum(1 for e in tail() if e.get("kind") == kind)
                 if f.barrier:
                     held = Barrier(f.barrier, self.env[BARRIERS_ENV]).arrived()
-                if seen < n or (f.barrier and not held):
-                    self._stop.wait(0.02)
+                if seen >= n and (held or not f.barrier):
+                    break
+                self._stop.wait(0.02)
             if self._stop.wait(f.delay) or self._stop.is_set():
                 return
             fs = self.jailfs
