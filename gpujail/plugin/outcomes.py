@@ -72,7 +72,8 @@ class Outcomes:
         props = dict(report.user_properties)
         if report.when != "call" and report.outcome == "passed":
             return
-        if hasattr(report, "wasxfail"):   # skipped: failed as expected; passed: an intermittent passed
+        where = listed(report.wasxfail) if hasattr(report, "wasxfail") else None   # its expectations entry
+        if where:   # skipped: failed as expected; passed: an intermittent passed
             status = ("expected-inconclusive" if report.wasxfail.startswith(EXPECTED_INCONCLUSIVE) else
                       "expected-fail") if report.skipped else "passed-intermittent"
         elif report.failed and "XPASS(strict)" in report.longreprtext:
@@ -83,7 +84,7 @@ class Outcomes:
             status = report.outcome
         reason = ""
         if status in ("inconclusive", "expected-inconclusive"):
-            reason = props.get("inconclusive", "") + (f" (listed: {listed(report.wasxfail)['why']})"
+            reason = props.get("inconclusive", "") + (f" (listed: {where['why']})"
                                                        if status == "expected-inconclusive" else "")
         elif report.skipped and isinstance(report.longrepr, tuple):
             reason = report.longrepr[2]
@@ -94,8 +95,8 @@ class Outcomes:
             reason = failure_reason(crash.message if crash else report.longreprtext.strip()[-2000:])
         entry = {"test": report.nodeid, "status": status, "reason": reason, "duration": round(report.duration, 3),
                  "purpose": props.get("purpose", "")}
-        if hasattr(report, "wasxfail"):   # which section of the expectations file listed it, and why
-            entry["listed"] = listed(report.wasxfail)
+        if where:   # which section of the expectations file listed it, and why
+            entry["listed"] = where
         if "invariants" in props:   # a chaos run: each invariant's status, and why where not PASS
             entry["invariants"] = props["invariants"]
             entry["invariant_reasons"] = props.get("invariant_reasons", {})
