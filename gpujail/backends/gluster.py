@@ -246,9 +246,9 @@ def machine_lock(kind: str, timeout: float) -> Iterator[None]:
 
 def _without_gsyncd(state: Path, argv: list[str]) -> list[str]:
     """`argv` run in a private mount namespace where gsyncd is a script whose interpreter does not
-    exist: an exec of it fails with ENOENT, which glusterd reads as "geo-replication module not
-    installed" and skips it (a failure other than ENOENT would make glusterd refuse to start).
-    The same process (no fork): a Popen's pid is glusterd's. Nothing is mounted in the host's
+    exist: an exec of it fails with ENOENT, as where gsyncd is not installed, and glusterd and the
+    CLI skip geo-replication (ENOENT, not another failure: that is the case glusterd's check reads
+    as "module not installed"). The same process (no fork): a Popen's pid is glusterd's. Nothing is mounted in the host's
     namespace; the bind goes with the namespace, once glusterd and its bricks have exited. Where no
     gsyncd is installed, or the bind fails, glusterd runs as it would have."""
     found = [p for pattern in GSYNCD for p in sorted(glob.glob(pattern))]
