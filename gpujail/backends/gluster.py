@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import glob
 import os
 import shutil
@@ -248,15 +249,22 @@ def _without_gsyncd(state: Path, argv: list[str]) -> list[str]:
     """`argv` run in a private mount namespace where gsyncd is a script whose interpreter does not
     exist: an exec of it fails with ENOENT, as where gsyncd is not installed, and glusterd and the
     CLI skip geo-replication (ENOENT, not another failure: that is the case glusterd's check reads
-    as "module not installed"). The same process (no fork): a Popen's pid is glusterd's. Nothing is mounted in the host's
-    namespace; the bind goes with the namespace, once glusterd and its bricks have exited. Where no
-    gsyncd is installed, or the bind fails, glusterd runs as it would have."""
-    found = [p for pattern in GSYNCD for p in sorted(glob.glob(pattern))]
-    if not found:
+    as "module not installed"). The same process (no fork): a Popen's pid is glusterd's. Nothing
+    is mounted in the host's namespace; the bind goes with the namespace, once glusterd and its
+    bricks have exited. Where no gsyncd is installed, or the bind fails, glusterd runs as it would
+    have."""
+    gsyncd = _gsyncd()
+    if gsyncd is None:
         return argv
     stub = state / "gsyncd-not-installed"
     if not stub.exists():
         stub.write_text("#!/nonexistent/gsyncd-not-installed\n")
         stub.chmod(0o755)
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$1" "$2"; shift 2; exec "$@"',
-            "sh", str(stub), found[0], *argv]
+            "sh", str(stub), gsyncd, *argv]
+
+
+@functools.cache
+def _gsyncd() -> str | None:
+    """Where gsyncd is installed, if it is (looked up once: every CLI call needs it)."""
+    return next((p for pattern in GSYNCD for p in sorted(glob.glob(pattern))), None)
