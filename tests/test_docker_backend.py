@@ -37,8 +37,7 @@ def dfleet(jail, run_dir):
 
 
 def containers_of(fleet) -> list[str]:
-    return [c.name for c in docker_backend.client().containers.list(
-        all=True, filters={"label": f"{docker_backend.LABEL}={fleet.id}"})]
+    return [c.name for c in docker_backend.containers_of(docker_backend.client(), fleet.id)]
 
 
 def test_worker_is_a_container_with_the_contract_view(dfleet, jail):
@@ -212,10 +211,9 @@ def test_nothing_left_after_the_harness_is_sigkilled(tmp_path):
         harness.wait()
         harness.stdout.close()
     client, deadline = docker_backend.client(), time.monotonic() + 30
-    label = {"label": f"{docker_backend.LABEL}={fleet_id}"}
-    while client.containers.list(all=True, filters=label) and time.monotonic() < deadline:
+    while docker_backend.containers_of(client, fleet_id) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert client.containers.list(all=True, filters=label) == []
+    assert docker_backend.containers_of(client, fleet_id) == []
     assert not [p for p in os.listdir("/proc") if p.isdigit() and str(jail) in _cmdline(p)]
 
 

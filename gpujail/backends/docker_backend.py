@@ -29,6 +29,7 @@ connection close and exit, so the engine removes their containers (SPEC INV-6). 
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -70,6 +71,13 @@ def client():
     """A client of the engine named by DOCKER_HOST (default: the local unix socket)."""
     import docker
     return docker.from_env(timeout=120)
+
+
+def containers_of(client, fleet_id: str) -> list:
+    """The engine's containers of fleet `fleet_id`, skipping any removed while they are listed: the
+    SDK inspects each container the list named, and the engine removes an auto-removed container at
+    any moment (a node whose harness died), which failed that inspect with NotFound (CI 72)."""
+    return client.containers.list(all=True, filters={"label": f"{LABEL}={fleet_id}"}, ignore_removed=True)
 
 
 def precondition() -> str | None:
@@ -329,7 +337,7 @@ class Fleet(BaseFleet):
         if self._client is None:
             return []
         try:
-            return [c.name for c in self._client.containers.list(all=True, filters={"label": f"{LABEL}={self.id}"})]
+            return [c.name for c in containers_of(self._client, self.id)]
         except _errors() as e:   # cannot tell: say so, so that the checker cannot pass INV-6 silently
             return [f"(unknown: the engine did not answer: {one_line(e)})"]
 
@@ -339,9 +347,11 @@ class Fleet(BaseFleet):
         for n in self.nodes:
             n.kill()
         if self._client is not None:
+            from docker.errors import NotFound
             try:
-                for c in self._client.containers.list(all=True, filters={"label": f"{LABEL}={self.id}"}):
-                    c.remove(force=True)
+                for c in containers_of(self._client, self.id):
+                    with contextlib.suppress(NotFound):   # removed meanwhile (auto-remove): gone, as wanted
+                        c.remove(force=True)
             except _errors() as e:
                 self.engine_errors.append(f"cleanup: {one_line(e)}")
         if self.ctl_dir is not None:
