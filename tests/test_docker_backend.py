@@ -36,7 +36,7 @@ def dfleet(jail, run_dir):
     assert f.leftovers() == [] and f.engine_errors == []
 
 
-def containers_of(fleet) -> list[str]:
+def container_names(fleet) -> list[str]:
     return [c.name for c in docker_backend.containers_of(docker_backend.client(), fleet.id)]
 
 
@@ -66,7 +66,7 @@ def test_restart_is_a_new_container(dfleet):
                      first_attempt_env={"GPUJAIL_FAILPOINTS": "cli.before_list=return(EIO)"}, on_node=nodes.append)
     assert [a.code for a in w.attempts][1:] == [0] and w.attempts[0].code != 0
     names = [n.container.name for n in nodes]
-    assert len(set(names)) == 2 and containers_of(dfleet) == [names[1]]
+    assert len(set(names)) == 2 and container_names(dfleet) == [names[1]]
 
 
 def test_vendor_script_outside_the_repository(dfleet):
@@ -124,7 +124,7 @@ def test_container_killed_by_the_engine(dfleet, run_dir):
     w = result["w"]
     assert w.attempts[0].code == "killed" and nodes[0].container.name in w.attempts[0].stderr
     assert len(w.attempts[0].stderr.strip().splitlines()) == 1
-    assert w.ready and containers_of(dfleet) == [nodes[1].container.name]
+    assert w.ready and container_names(dfleet) == [nodes[1].container.name]
 
 
 @pytest.fixture
