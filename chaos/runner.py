@@ -175,12 +175,13 @@ def run(scenario: Scenario, impl: str, run_dir: Path, seed: int = 0, timeout: fl
     def probe(name: str, worker: Worker, files: list[dict]) -> None:
         """One probe round of a ready worker. A node that is gone or does not answer clears none of
         its files: recorded as such on its behalf, never skipped (SPEC section 6)."""
+        began = time.monotonic()
         try:
             if not worker.node.alive:
                 raise RuntimeError(f"node {name} is gone")
             worker.node.probe(files)
         except RuntimeError as e:
-            log("probe", node=name, results=unanswered(files, f"the probe failed: {e}"))
+            log("probe", node=name, results=unanswered(files, f"the probe failed: {e}"), began=began)
 
     def cdi(w: str) -> bool:   # the probes ask a CDI-mode worker for its spec's files (SPEC section 9)
         return cdi_mode(scenario.impls.get(w, impl), impl)

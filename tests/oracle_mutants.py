@@ -162,6 +162,14 @@ def _(disturbances):
     return _wrap(disturbances, lambda run, node, start, end: [])
 
 
+@mutant("probe-counts-from-its-end", "gpujail.chaos.checkers.queries:probe_began",
+        "a probe round counts from when it was written, not when it began: a round that looked at the files "
+        "before a neighbour's cleanup (seconds earlier, under GlusterFS latency) is taken as evidence after it",
+        "SPEC 6, INV-1")
+def _(probe_began):
+    return _wrap(probe_began, lambda probe: probe["t"])
+
+
 @mutant("kill-keeps-the-span", "gpujail.chaos.checkers.content:SPAN_END",
         "a killed node's ready span does not end at the kill: it counts as ready (and losing files) until "
         "the end of the run", "SPEC 6, INV-1", here=True)
@@ -189,7 +197,8 @@ def _(check_content):
         "an ENOTCONN or EIO on any node is excused once any network fault happened in the run (another node's "
         "client, a brick that came back)", "INV-1, K-2")
 def _(cut_off):
-    return _wrap(cut_off, lambda run, node, since, t: cut_off(run, node, since, t) or next(iter(run.of("jailfs.fault")), None))
+    return _wrap(cut_off, lambda run, node, since, probe: cut_off(run, node, since, probe)
+                 or next(iter(run.of("jailfs.fault")), None))
 
 
 @mutant("own-cleanup-is-the-cause", "gpujail.chaos.checkers.queries:removal_before",

@@ -144,7 +144,7 @@ def test_an_agent_on_another_clock_is_moved_onto_the_coordinators(jail, tmp_path
     """Agent 1 runs in a time namespace whose monotonic clock is 1000 s ahead (as a node whose clock
     differs). The rendezvous measures that offset within its uncertainty, and in the merged
     history the worker's events on that agent fall between the coordinator's own worker.start and
-    worker.ready for it, not 1000 s later."""
+    worker.ready for it, not 1000 s later; a probe's `began` is moved with its `t`."""
     if os.getuid() != 0:
         pytest.skip("a time namespace needs root here")
     plain = local.agent_argv
@@ -154,6 +154,7 @@ def test_an_agent_on_another_clock_is_moved_onto_the_coordinators(jail, tmp_path
     with fleet_class("local", agents=2).recording(jail, run, 0) as fleet:
         w = start_worker(fleet, "w0", "reference"), start_worker(fleet, "w1", "reference")
         assert [x.ready for x in w] == [True, True], [x.attempts[-1].stderr[-500:] for x in w]
+        w[1].node.probe([{"path": "/etc/hostname"}])
         skewed = fleet.agents[1].clock
     assert not skewed["same_clock"], skewed
     assert abs(skewed["offset"] - 1000) <= skewed["uncertainty"] + 1e-3, skewed
@@ -163,6 +164,8 @@ def test_an_agent_on_another_clock_is_moved_onto_the_coordinators(jail, tmp_path
     own = [e["t"] for e in events if e["node"] == "w1" and e["kind"] in ("impl.start", "impl.exit")]
     assert len(own) == 2 and all(start - skewed["uncertainty"] <= t <= ready + skewed["uncertainty"] for t in own), \
         (skewed, start, own, ready)
+    probe = next(e for e in events if e["node"] == "w1" and e["kind"] == "probe")
+    assert ready - skewed["uncertainty"] <= probe["began"] <= probe["t"], (skewed, ready, probe)
 
 
 def test_a_dead_agent_fails_the_call_instead_of_hanging(jail, tmp_path):

@@ -79,8 +79,9 @@ class History:
         self.add(t + .02, node, "cli.exit", pid=pid, code=1, error="mount error: mount operation failed")
         return fp
 
-    def probe(self, t: float, node: str, **bad: dict) -> dict:
-        """A probe of every file; `bad` maps a file's name (NVML, CUDA, ...) to what went wrong."""
+    def probe(self, t: float, node: str, began: float | None = None, **bad: dict) -> dict:
+        """A probe of every file, written at `t` (begun at `began`, if given); `bad` maps a file's
+        name (NVML, CUDA, ...) to what went wrong."""
         results = []
         for rel, load in FILES:
             r = {"path": f"{JAIL}/{rel}", "attached": True, "size": 4096, "same_bytes": True}
@@ -88,7 +89,7 @@ class History:
                 r["loader"] = "ok"
             r.update(bad.get(rel, {}))
             results.append(r)
-        return self.add(t, node, "probe", results=results)
+        return self.add(t, node, "probe", results=results, **({} if began is None else {"began": T0 + began}))
 
 
 def detached(loader: str | None = NO_SUCH) -> dict:
@@ -218,6 +219,17 @@ def test_a_node_the_harness_cut_off_its_network_jail_lost_nothing(error):
         h.probe(0.3, "A", **{NVML: cut})
         verdict = check(h.events, good_final(transient_only=False))
         assert verdict.results["INV-1"].valid is cut_off, (written, verdict.explanation)
+    # the brick down from 0.2 to 0.35: a round that began under it and ended after it came back is
+    # excused; one that began after it came back is not
+    for began, excused in ((0.3, True), (0.36, False)):
+        h = History()
+        h.ready_worker(0.0, "A")
+        h.probe(0.06, "A")
+        h.add(0.2, "host", "jailfs.fault", fault="brick-down", worker="", pids=[1234])
+        h.add(0.35, "host", "jailfs.clear", fault="brick-down", worker="")
+        h.probe(0.4, "A", began=began, **{NVML: cut})
+        verdict = check(h.events, good_final(transient_only=False))
+        assert verdict.results["INV-1"].valid is excused, (began, verdict.explanation)
 
 
 def test_seed_bug_summary_reads_as_a_story():

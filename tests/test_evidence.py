@@ -12,7 +12,7 @@ import shutil
 import subprocess
 
 import pytest
-from test_checker import CUDA, FILES, NVML, History, good_final, good_run, statuses
+from test_checker import CUDA, FILES, JAIL, NVML, History, good_final, good_run, statuses
 
 from gpujail import options
 from gpujail.chaos.checker import UNKNOWN, check, ready_spans
@@ -93,6 +93,87 @@ def test_a_ready_span_not_probed_after_a_neighbour_failed_is_unknown():
     h.probe(0.58, "A")
     h.probe(0.58, "B")
     assert {statuses(check(h.events, good_final()))[i] for i in ("INV-1", "INV-5")} == {"PASS"}
+
+
+def test_a_probe_round_is_evidence_only_after_it_began():
+    """A round is written when it ends; under GlusterFS latency it takes seconds. One that began
+    before a neighbour's failed start and ended after it may have looked at every file before that
+    cleanup: no evidence after it (nor at the end of the span, when the fleet settled during it)."""
+    h = good_run()
+    h.add(0.55, "D", "worker.start", impl="reference", attempt=0)
+    h.add(0.57, "D", "worker.exit", code=4, error="configure failed")
+    h.probe(0.58, "A", began=0.56)
+    h.probe(0.58, "B", began=0.56)
+    verdict = check(h.events, good_final())
+    assert verdict.results["INV-1"].valid == UNKNOWN
+    assert "A was not probed after D's worker.exit" in verdict.results["INV-1"].note
+    h.probe(0.59, "A", began=0.575)
+    h.probe(0.59, "B", began=0.575)
+    assert {statuses(check(h.events, good_final()))[i] for i in ("INV-1", "INV-5")} == {"PASS"}
+
+    h = good_run()
+    h.add(0.55, "D", "worker.start", impl="reference", attempt=0)
+    h.add(0.57, "D", "worker.exit", code=0)   # no disturbance, but the fleet settled only now
+    h.probe(0.58, "A", began=0.56)
+    h.probe(0.58, "B", began=0.56)
+    note = check(h.events, good_final()).results["INV-1"].note
+    assert "A was not probed at the end of its ready span (its last probe began at t=0.560s" in note, note
+
+
+def test_a_window_needs_a_probe_round_that_began_inside_it():
+    """ldconfig-while-ready and net-fault-while-ready open only on a round that began after the
+    ldconfig or under the fault; one begun before and written after it saw none of it. A round
+    begun under the fault counts even when it ends after the fault cleared."""
+    from gpujail.chaos.checkers import network  # noqa: F401  (registers the network windows)
+    h = History()
+    h.ready_worker(0.0, "A")
+    h.add(0.1, "ldconfig-node", "chaos.ldconfig", view="gpu", code=0)
+    h.probe(0.2, "A", began=0.05)
+    assert opened("ldconfig-while-ready", Run(h.events, None))[0] is False
+    h.probe(0.3, "A", began=0.15)
+    assert opened("ldconfig-while-ready", Run(h.events, None))[0] is True
+
+    h = History()
+    h.ready_worker(0.0, "A")
+    h.add(1.0, "host", "jailfs.fault", fault="brick-latency", worker="", pids=[])
+    h.probe(1.5, "A", began=0.9)    # began before the fault
+    h.add(2.0, "host", "jailfs.clear", fault="brick-latency", worker="")
+    h.probe(2.5, "A", began=2.1)    # began after it cleared
+    ok, why = opened("net-fault-while-ready", Run(h.events, None))
+    assert ok is False, why
+    h.probe(2.4, "A", began=1.8)    # began under it, ended after it cleared
+    ok, why = opened("net-fault-while-ready", Run(h.events, None))
+    assert ok is True and "probed under it" in why, why
+
+
+def test_k2_still_attached_needs_a_probe_round_begun_after_the_unlink():
+    """late_detachment's "its mount outlived the remote unlink" needs a round that began after the
+    unlink and still saw the file; one begun before it saw the file before the unlink."""
+    from gpujail.chaos.checkers import network
+    h = History()
+    h.ready_worker(0.0, "A")
+    h.probe(0.06, "A")
+    removal = h.add(1.0, "B", "cli.cleanup.unlink", pid=7, path=f"{JAIL}/{CUDA}", size=0)
+    early = h.probe(1.4, "A", began=0.9)
+    gone = h.probe(2.1, "A", **{CUDA: {"attached": False, "size": None, "error": "No such file or directory"}})
+    run = Run(h.events, None)
+    assert network.late_detachment(run, removal, gone) is None
+    late = h.probe(1.6, "A", began=1.1)
+    run = Run(sorted(h.events, key=lambda e: e["t"]), None)
+    assert network.late_detachment(run, removal, gone) is late
+    assert early is not late
+
+
+def test_the_probe_records_when_its_round_began(tmp_path, monkeypatch):
+    """node_probes.op_probe, the real probe: its event carries `began`, before its `t`."""
+    from gpujail.backends import node_probes
+    from gpujail.world import history
+    hist = tmp_path / "history.jsonl"
+    monkeypatch.setenv(history.ENV, str(hist))
+    (tmp_path / "plain").write_bytes(b"x" * 10)
+    node_probes.op_probe({"files": [{"path": str(tmp_path / "plain"), "host": str(tmp_path / "plain")}]})
+    [event] = [e for e in history.load(str(hist)) if e["kind"] == "probe"]
+    assert event["began"] <= event["t"]
 
 
 def _retired_prewarm() -> list[dict]:

@@ -42,6 +42,7 @@ from .queries import (
     loader_says,
     node_of,
     normalised,
+    probe_began,
     removal_before,
     what_went_wrong,
 )
@@ -93,14 +94,15 @@ def evidence_gap(run: Run, node: str, ready: dict, end: float, probes: list[dict
         return None   # a CPU worker or login node: no GPU file to probe
     if not probes:
         return f"{node} was never probed while ready (from {run.at(ready)})"
-    missed = [e for e in disturbances(run, node, ready["t"], end) if e["t"] >= probes[-1]["t"]]
+    last = max(map(probe_began, probes))   # a round that began before a disturbance is no evidence after it
+    missed = [e for e in disturbances(run, node, ready["t"], end) if e["t"] >= last]
     if missed:
         return f"{node} was not probed after {node_of(missed[0])}'s {missed[0]['kind']} at {run.at(missed[0])}"
     if end == float("inf"):   # open at the run's end: judged at its end, after the fleet settled (SPEC 6)
         settled = run.memo("settled", lambda: max((e["t"] for e in run.of(*FLEET_SETTLES)), default=float("-inf")))
-        if probes[-1]["t"] < settled:
-            return (f"{node} was not probed at the end of its ready span (its last probe at {run.at(probes[-1])}, "
-                    f"the fleet's last start or exit at {run.at({'t': settled})})")
+        if last < settled:
+            return (f"{node} was not probed at the end of its ready span (its last probe began at "
+                    f"{run.at({'t': last})}, the fleet's last start or exit at {run.at({'t': settled})})")
     return None
 
 
@@ -146,7 +148,7 @@ def check_content(run: Run) -> tuple[InvariantResult, InvariantResult]:
                 key = normalised(run.rel(path))
                 if key in lost or not is_bad(r):
                     continue
-                if r.get("error") in OUTAGE_ERRORS and cut_off(run, node, ready["t"], probe["t"]):
+                if r.get("error") in OUTAGE_ERRORS and cut_off(run, node, ready["t"], probe):
                     continue   # the harness cut this node off the jail (a network fault), not a loss
                 lost.add(key)
                 removal = removal_before(run, path, node, probe["t"])

@@ -9,8 +9,8 @@ predicates of the history, registered in `windows.WINDOWS` when imported (chaos/
 
 * `net-fault-while-starting`: a network fault began while a start was in progress, and that start
   failed (the fail-safe case: it must exit non-zero and delete nothing);
-* `net-fault-while-ready`: a network fault began while a worker was ready, and that worker was
-  probed before the fault cleared (its mounts must outlive the fault);
+* `net-fault-while-ready`: a network fault began while a worker was ready, and a probe round of
+  that worker began under the fault, before it cleared (its mounts must outlive the fault);
 * `net-fault-cleared`: a fault cleared and a worker became ready after it (convergence).
 
 `late_detachment(run, removal, probe)` explains a loss on a file system whose nodes revalidate
@@ -22,7 +22,7 @@ still saw the file, the probe whose lookup detached it.
 from __future__ import annotations
 
 from .content import ready_spans
-from .queries import Run, is_bad, late_detachment, node_of, removal_before
+from .queries import Run, is_bad, late_detachment, node_of, probe_began, removal_before
 from .windows import WINDOWS, _starts
 
 
@@ -56,9 +56,11 @@ def net_fault_while_ready(run: Run) -> tuple[bool, str]:
     spans = ready_spans(run)
     for f, end in _spans(run):
         for node, ready, stop in spans:
+            # probed under the fault: a round that began after it began and before it cleared
             if ready["t"] <= f["t"] < stop and any(
-                    p.get("kind") == "probe" and f["t"] < p["t"] < min(end, stop) for p in run.node_events(node)):
-                return True, f"{_what(f)} at {run.at(f)} while {node} was ready, probed before it cleared"
+                    p.get("kind") == "probe" and f["t"] < probe_began(p) < end and p["t"] < stop
+                    for p in run.node_events(node)):
+                return True, f"{_what(f)} at {run.at(f)} while {node} was ready, probed under it"
     return False, "no network fault began while a probed worker was ready"
 
 

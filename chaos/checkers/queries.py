@@ -272,6 +272,14 @@ def chain_of(run: Run, removal: dict) -> list[dict]:
     return ([faults[-1]] if faults else []) + chain
 
 
+def probe_began(probe: dict) -> float:
+    """When a probe round began its lookups. Its event is written when it ends (`t`), and a round
+    under GlusterFS latency can take seconds: a file it looked at before a neighbour's cleanup or a
+    fault says nothing about after it, so a round is evidence only about what happened before it
+    began (SPEC 6). A round with no `began` (the model's take no time) began when it was written."""
+    return probe.get("began", probe["t"])
+
+
 def late_detachment(run: Run, removal: dict, probe: dict) -> dict | None:
     """The victim's last probe after `removal` that still saw the removed file intact (the mount
     outlived the remote unlink), or None when the first probe after it already found it gone (K-1,
@@ -280,19 +288,21 @@ def late_detachment(run: Run, removal: dict, probe: dict) -> dict | None:
     paths = {normalised(run.rel(r.get("path", ""))) for r in probe.get("results") or [] if is_bad(r)}
     good = None
     for p in run.node_events(victim):
-        if p.get("kind") != "probe" or not removal["t"] < p["t"] < probe["t"]:
+        if p.get("kind") != "probe" or not (removal["t"] < probe_began(p) and p["t"] < probe["t"]):
             continue
         if any(normalised(run.rel(r.get("path", ""))) in paths and not is_bad(r) for r in p.get("results") or []):
             good = p
     return good
 
 
-def cut_off(run: Run, node: str, since: float, t: float) -> dict | None:
+def cut_off(run: Run, node: str, since: float, probe: dict) -> dict | None:
     """The network fault (`jailfs.fault`, gpujail/backends/jailfs.py) that cut `node` off from the
-    jail at `t`, for a node alive since `since`: its own client killed by the harness (for the rest
-    of that node's life), or the brick down (until it cleared). A probe's OUTAGE_ERRORS then are the
-    injected fault's, not a loss an implementation caused. The fault acts from when the harness
-    began it (`began`), before its event was written (a killed client's daemon is waited for)."""
+    jail during the probe round `probe` (from when it began to when it was written), for a node alive
+    since `since`: its own client killed by the harness (for the rest of that node's life), or the
+    brick down (until it cleared). The round's OUTAGE_ERRORS then are the injected fault's, not a
+    loss an implementation caused. The fault acts from when the harness began it (`began`), before
+    its event was written (a killed client's daemon is waited for)."""
+    began, t = probe_began(probe), probe["t"]
     for f in run.of("jailfs.fault"):
         if not since <= f.get("began", f["t"]) <= t:
             continue
@@ -301,7 +311,7 @@ def cut_off(run: Run, node: str, since: float, t: float) -> dict | None:
                 return f
             continue
         clears = [c["t"] for c in run.of("jailfs.clear") if c["t"] >= f["t"] and c.get("fault") == f.get("fault")]
-        if t <= min(clears, default=float("inf")):
+        if began <= min(clears, default=float("inf")):   # still down when the round began
             return f
     return None
 

@@ -44,7 +44,7 @@ from gpujail.spec import LOCK as PLACEHOLDER_LOCK
 
 from .content import ready_spans
 from .locks import holds_lock
-from .queries import Run, driver_versions, node_of
+from .queries import Run, driver_versions, node_of, probe_began
 
 
 def _starts(run: Run) -> list[tuple[str, float, float]]:
@@ -120,8 +120,8 @@ def ldconfig_while_ready(run: Run) -> tuple[bool, str]:
     spans = ready_spans(run)
     for e in run.of("chaos.ldconfig"):
         for node, ready, end in spans:
-            if node != node_of(e) and ready["t"] <= e["t"] < end and any(p.get("kind") == "probe" and e["t"] < p["t"] < end
-                                                  for p in run.node_events(node)):
+            if node != node_of(e) and ready["t"] <= e["t"] < end and any(
+                    p.get("kind") == "probe" and e["t"] < probe_began(p) and p["t"] < end for p in run.node_events(node)):
                 return True, f"ldconfig ({e.get('view')}) at {run.at(e)} while {node} was ready and probed after it"
     return False, "no ldconfig ran while a probed worker was ready"
 

@@ -147,7 +147,10 @@ def op_probe(req: dict) -> dict:
     """One result per requested file, in request order (SPEC section 6: a probe round covers every
     file). A process of its own probes them (the loader caches what it loaded, by dev/inode); a file
     it dies or hangs on (a library whose constructor crashes: a job loading it dies the same way) is
-    reported as not cleared, with the reason, and a fresh process probes the files after it."""
+    reported as not cleared, with the reason, and a fresh process probes the files after it. Its
+    event carries when the round `began` (the history's clock) beside when it ended (`t`): what it
+    saw is evidence only about what happened before it began (chaos/checkers/queries.probe_began)."""
+    began = time.monotonic()
     files = req["files"]
     mountpoints = {m.mountpoint for m in sysops.mounts()}
     # The dlopen lookups first, while the process has loaded nothing: a library already loaded
@@ -161,7 +164,7 @@ def op_probe(req: dict) -> dict:
             culprit = next(i for i in todo if i not in results)
             results[culprit] = unanswered([files[culprit]], f"{died} while probing this file")[0]
     answer = [results[i] for i in range(len(files))]
-    history.record("probe", results=answer, asked=[result_path(f) for f in files])   # what it was asked, too
+    history.record("probe", results=answer, asked=[result_path(f) for f in files], began=began)   # asked: what it was asked, too
     return {"results": answer}
 
 

@@ -119,7 +119,9 @@ class RemoteAgent:
             return data
         events = [json.loads(line) for line in data.splitlines() if line.strip()]
         for e in events:
-            e["t"] -= self.clock["offset"]
+            for key in ("t", "began"):   # every time an event carries (a probe's `began` too)
+                if key in e:
+                    e[key] -= self.clock["offset"]
         return b"".join((json.dumps(e, separators=(",", ":")) + "\n").encode() for e in events)
 
     def gone(self) -> str | None:

@@ -150,10 +150,11 @@ _kind("impl.outside", "gpujail/backends/node_starts.py", "changes:list",
       "what that command did outside the jail, seen through the node's copy-on-write view of the host "
       "(cow.py): never done to the host, and a REF-11 / INV-3 violation",
       changes="path:str change:str mode:int")
-_kind("probe", "gpujail/backends/node_probes.py", "results:list asked:list?",
+_kind("probe", "gpujail/backends/node_probes.py", "results:list asked:list? began:num?",
       "what a GPU job on the node sees at each driver file: attached, size, same bytes, loader; for a "
       "soname looked up through the jail's linker cache, also `lookup` and what it `resolved` to; `asked`: "
-      "every file the round was asked about (a round that leaves one out is short)",
+      "every file the round was asked about (a round that leaves one out is short); `began`: when the "
+      "round began, on the history's clock (the event is written when it ends)",
       results="path:str attached:bool size:int|null same_bytes:bool? error:str? loader:str? driver:str? "
               "lookup:str? resolved:str?")
 
