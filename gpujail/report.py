@@ -247,18 +247,25 @@ def self_checks(report: dict) -> dict:
 
 # -- the HTML page (gpujail/report_page.py) ----------------------------------------------------
 
-def reproduce_command(test: str, events: list[dict], impl: str, jail_fs: str = "local") -> str:
+def reproduce_command(test: str, events: list[dict], run_info: dict) -> str:
     """The command that replays a chaos test's run: `gpujail reproduce` for a scenario file, the
-    pytest node id otherwise (scenarios built in code, e.g. the CLI error at each failpoint); on the
-    run's jail file system (a run of --jail-fs gluster replayed on a local directory shows nothing)."""
+    pytest node id otherwise (scenarios built in code, e.g. the CLI error at each failpoint, and any
+    run on another backend than the kernel's: `reproduce` runs only there); where the run was (its
+    summary's `run_info`): on its jail file system (a run of --jail-fs gluster replayed on a local
+    directory shows nothing) and through its launcher (a race between cluster nodes is not one
+    between this host's namespaces)."""
     begin = next((e for e in events if e.get("kind") == "chaos.begin"), {})
-    on = f" --jail-fs {jail_fs}" if jail_fs != "local" else ""
+    impl, backend = run_info["implementation"], run_info.get("backend", "kernel")
+    on = f" --jail-fs {run_info['jail_fs']}" if run_info.get("jail_fs", "local") != "local" else ""
+    if run_info.get("launcher"):
+        on += f" --launcher {run_info['launcher']}" + (f" --nodes {run_info['nodes']}" if run_info.get("nodes") else "")
     from gpujail.chaos.scenario import JAILFS_DIR, names
-    if ("::test_scenario[" in test and begin.get("scenario") in names()
-            or "::test_network_fault[" in test and begin.get("scenario") in names(JAILFS_DIR)):
+    if backend == "kernel" and ("::test_scenario[" in test and begin.get("scenario") in names()
+                                or "::test_network_fault[" in test and begin.get("scenario") in names(JAILFS_DIR)):
         flag = " --random" if "-random-seed+" in test else ""
         sched = next((e for e in events if e.get("kind") == "sched.begin"), None)   # a run under --schedule
         flag += f" --schedule {shlex.quote(sched['strategy'])}" if sched else ""
         return (f"gpujail reproduce {begin['scenario']} --impl {shlex.quote(impl)} --seed {begin.get('seed', 0)}"
                 f"{flag}{on}")
+    on = f" --backend {backend}{on}" if backend != "kernel" else on
     return f"gpujail run --impl {shlex.quote(impl)}{on} -- {shlex.quote(test)}"

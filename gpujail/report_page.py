@@ -115,8 +115,7 @@ def chaos_runs(report: dict, root: Path, page_dir: Path) -> list[dict]:
                 events = history.load(str(d / "history.jsonl"))
                 final = json.loads((d / "final_state.json").read_text()) if (d / "final_state.json").exists() else None
                 run["verdict"] = checker.check(events, final)
-                run["reproduce"] = reproduce_command(t["test"], events, report["run_info"]["implementation"],
-                                                   report["run_info"].get("jail_fs", "local"))
+                run["reproduce"] = reproduce_command(t["test"], events, report["run_info"])
                 run["svg"] = timeline.svg(events, run["verdict"])
             except Exception as e:   # a history from another version of the harness: the page still gets written
                 run["error"] = f"could not judge its history again: {type(e).__name__}: {e}"

@@ -667,9 +667,10 @@ def test_the_reproduce_command_of_a_scheduled_run_names_its_schedule():
     command carries it (the strategy as the scheduler recorded it)."""
     test = "chaos/test_scenarios.py::test_scenario[cold-race]"
     events = [{"kind": "chaos.begin", "scenario": "cold-race", "seed": 2}]
-    assert report.reproduce_command(test, events, "legacy") == "gpujail reproduce cold-race --impl legacy --seed 2"
+    assert report.reproduce_command(test, events, {"implementation": "legacy"}) == \
+        "gpujail reproduce cold-race --impl legacy --seed 2"
     events.append({"kind": "sched.begin", "strategy": "pct:d=3,k=268", "seed": 2, "workers": ["w0", "w1"]})
-    assert report.reproduce_command(test, events, "legacy") == \
+    assert report.reproduce_command(test, events, {"implementation": "legacy"}) == \
         "gpujail reproduce cold-race --impl legacy --seed 2 --schedule pct:d=3,k=268"
 
 
@@ -678,15 +679,27 @@ def test_the_reproduce_command_of_a_network_fault_run_is_reproduce_on_its_jail()
     which injects its fault on the jail it pins; a run built in code replays as its pytest node."""
     test = "chaos/test_jailfs_scenarios.py::test_network_fault[gluster-client-lost]"
     events = [{"kind": "chaos.begin", "scenario": "gluster-client-lost", "seed": 0}]
-    assert report.reproduce_command(test, events, "direct") == \
+    assert report.reproduce_command(test, events, {"implementation": "direct"}) == \
         "gpujail reproduce gluster-client-lost --impl direct --seed 0"
     test = "chaos/test_scenarios.py::test_cli_error_at_every_failpoint[cli.before_mount]"
     events = [{"kind": "chaos.begin", "scenario": "cli-error-cli.before_mount", "seed": 0}]
-    assert report.reproduce_command(test, events, "direct") == f"gpujail run --impl direct -- '{test}'"
+    assert report.reproduce_command(test, events, {"implementation": "direct"}) == f"gpujail run --impl direct -- '{test}'"
     # a run on another jail file system (--jail-fs, as CI's node-local locks) replays on it
-    assert report.reproduce_command(test, events, "direct", "nodelocal-locks") == \
+    assert report.reproduce_command(test, events, {"implementation": "direct", "jail_fs": "nodelocal-locks"}) == \
         f"gpujail run --impl direct --jail-fs nodelocal-locks -- '{test}'"
     test, events = "chaos/test_scenarios.py::test_scenario[lock-holder-killed]", [
         {"kind": "chaos.begin", "scenario": "lock-holder-killed", "seed": 1}]
-    assert report.reproduce_command(test, events, "legacy", "nodelocal-locks") == \
+    assert report.reproduce_command(test, events, {"implementation": "legacy", "jail_fs": "nodelocal-locks"}) == \
         "gpujail reproduce lock-holder-killed --impl legacy --seed 1 --jail-fs nodelocal-locks"
+
+
+def test_the_reproduce_command_runs_where_the_run_ran():
+    """A run through a launcher replays through it (a race between cluster nodes is not one between
+    this host's namespaces), and a run on the docker backend as its pytest node on that backend
+    (`gpujail reproduce` runs only on the kernel backend)."""
+    test = "chaos/test_scenarios.py::test_scenario[cold-race]"
+    events = [{"kind": "chaos.begin", "scenario": "cold-race", "seed": 3}]
+    assert report.reproduce_command(test, events, {"implementation": "legacy", "launcher": "slurm", "nodes": "2"}) == \
+        "gpujail reproduce cold-race --impl legacy --seed 3 --launcher slurm --nodes 2"
+    assert report.reproduce_command(test, events, {"implementation": "legacy", "backend": "docker"}) == \
+        f"gpujail run --impl legacy --backend docker -- '{test}'"

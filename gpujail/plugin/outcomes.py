@@ -133,7 +133,8 @@ class Outcomes:
         report = {"run_info": {"implementation": self.value("impl"), "backend": self.value("backend"),
                                "contract_version": CONTRACT_VERSION, "seed": self.value("seed"),
                                **({"jail_fs": self.value("jail-fs")} if self.value("jail-fs") != "local" else {}),
-                               **({"launcher": self.value("launcher")} if self.value("launcher") else {})},
+                               **({"launcher": self.value("launcher")} if self.value("launcher") else {}),
+                               **({"nodes": self.value("nodes")} if self.value("launcher") and self.value("nodes") else {})},
                   "requirements": by_requirement(self.by_requirement),
                   "uncited": [r for r in REQUIREMENTS if r not in self.by_requirement and r not in PENDING
                               and not r.startswith(HARNESS_FAMILIES)],
