@@ -198,6 +198,15 @@ failpoint() { # failpoint NAME PATH (each NAME's hits counted per process, as in
 # a lost lease on a network filesystem) lets that node create the target between our check and our
 # create: then the create fails, and the target is checked again as REF-3 does, never removed.
 write_marker() { printf 'nvidia-placeholder-marker\n' | dd of="$1" conv=notrunc,nocreat oflag=nofollow status=none 2>/dev/null; }
+# Our own marker: created exclusively (noclobber: O_EXCL, never through a symlink) and written
+# through that one descriptor, in one subshell (no dd: a cold start writes dozens of markers). Exit
+# 0: written; 1: not created (it exists, or a read-only jail); 2: created, but the write failed
+# (a full jail). (`command` keeps a failed redirection from ending the subshell with its own code.)
+create_marker() {
+    ( set -C
+      command exec 2>/dev/null 3>"$1" || exit 1
+      printf 'nvidia-placeholder-marker\n' >&3 || exit 2 )
+}
 place_marker() { # place_marker REL MODE
     f=./${1##*/}
     for _ in 1 2 3; do
@@ -214,16 +223,14 @@ place_marker() { # place_marker REL MODE
             return 0
         fi
         failpoint ref.before_marker "$1"
-        if ( set -C; : > "$f" ) 2>/dev/null; then
-            # Ours (O_EXCL): never leave it truncated, an empty file is what a failing CLI deletes
-            # from under other workers' mounts (unless another node filled it meanwhile).
-            # (dd writes the whole marker or fails: a short write, a full jail, is its error)
-            if ! write_marker "$f"; then
-                [ "$(stat -c %s -- "$f" 2>/dev/null || echo 26)" -ge 26 ] || rm -f -- "$f"
-                die 8 "cannot write marker $JAIL/$1: full jail"
-            fi
+        if create_marker "$f"; then
             [ "$2" = 644 ] || chmod "$2" -- "$f" || die 8 "cannot chmod marker $JAIL/$1"
             return 0
+        elif [ $? = 2 ]; then
+            # Ours (O_EXCL): never leave it truncated, an empty file is what a failing CLI deletes
+            # from under other workers' mounts (unless another node filled it meanwhile).
+            [ "$(stat -c %s -- "$f" 2>/dev/null || echo 26)" -ge 26 ] || rm -f -- "$f"
+            die 8 "cannot write marker $JAIL/$1: full jail"
         fi
         [ -e "$f" ] || [ -L "$f" ] || die 8 "cannot create marker $JAIL/$1: read-only or full jail"
     done

@@ -51,10 +51,11 @@ MUTANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     # -- the markers (REF-3, REF-5) -----------------------------------------------------------
     "zero-byte-placeholders": ("placeholders created empty (`: > file`, as `touch`), never written: "
                                "a failing CLI's cleanup eats them", (
-        ('            if ! write_marker "$f"; then', '            if false; then'),
+        ("      printf 'nvidia-placeholder-marker\\n' >&3 || exit 2 )", "      : )"),
     )),
     "big-markers": ("a chatty marker of 64 bytes or more: no longer a placeholder by REF-9's size bound", (
         ("printf 'nvidia-placeholder-marker\\n' | dd", f"printf '{_BIG}\\n' | dd"),
+        ("printf 'nvidia-placeholder-marker\\n' >&3", f"printf '{_BIG}\\n' >&3"),
     )),
     "markers-mode-0644": ("markers left at 0644 instead of the host file's mode: the CLI's exact-mode check "
                           "then creates again (CLI-4)", (

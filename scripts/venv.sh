@@ -9,7 +9,7 @@ if [ ! -f "$stamp" ]; then
     python3 -m venv "$venv" 2>/dev/null || {
         # Debian's python3 may lack ensurepip: install python3-venv once.
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-            apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+            apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv >/dev/null
         fi
         python3 -m venv "$venv"
     }
