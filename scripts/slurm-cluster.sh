@@ -53,9 +53,11 @@ start() {
     mkdir -p "$state"/{munge,ctld,spool,log}
     chmod 755 "$state"
     # munged: its own key and socket, as the munge user (it refuses to run as root and checks that
-    # its directories are not writable by others).
+    # its directories are not writable by others). It also checks that the socket's directory can be
+    # traversed by every user: 711 before it starts (set after its start, CI 85 lost that race once:
+    # "Socket is inaccessible: execute permissions for all required").
     chown munge:munge "$state/munge"
-    chmod 700 "$state/munge"
+    chmod 711 "$state/munge"
     head -c 1024 /dev/urandom >"$state/munge/munge.key"
     chown munge:munge "$state/munge/munge.key"
     chmod 400 "$state/munge/munge.key"
@@ -65,8 +67,6 @@ start() {
         --log-file="$state/munge/munged.log" --seed-file="$state/munge/munged.seed" \
         </dev/null >>"$state/log/munged.out" 2>&1 &
     echo $! >"$state/munged.pid"
-    # munge checks the socket directory's whole path; the socket must be reachable by every user
-    chmod 711 "$state/munge"
     for _ in $(seq 100); do
         munge -n -S "$sock" 2>/dev/null | unmunge -S "$sock" >/dev/null 2>&1 && break
         sleep 0.1
