@@ -152,6 +152,28 @@ def test_brick_outage_and_restart(tmp_path):
 
 
 @needs("gluster")
+def test_a_new_client_cannot_mount_while_the_brick_is_down(tmp_path):
+    """What jailfs_fleet's start retries once an outage is over (CI 88): a node set up while the
+    brick is down gets no client, with MOUNT_FAILED in the error (mount.glusterfs stats the new
+    mount point), and one set up after the restart does."""
+    jail = jail_dir(tmp_path)
+    with jailfs.provide("gluster", tmp_path, jail) as fs:
+        assert fs.kill_brick()
+        with pytest.raises(RuntimeError, match=jailfs.MOUNT_FAILED):
+            fs.node_options("c")
+        fs.restart_brick()
+        for _ in range(150):
+            try:
+                assert fs.node_options("c")["mount_ns"]
+                break
+            except RuntimeError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("no client could mount the jail after the brick restarted")
+    assert fs.leftovers() == []
+
+
+@needs("gluster")
 def test_lost_client_fails_its_node_only_and_a_replacement_gets_a_new_one(tmp_path):
     """Section 7, a client unmounted under a live worker: node a's client daemon dies; a's jail
     answers ENOTCONN (or ECONNABORTED, for a request in flight as the connection went), b's is

@@ -64,6 +64,9 @@ from gpujail.backends.fs_processes import CALL_TIMEOUT, Unavailable, alive, kill
 from gpujail.backends.gluster import GLUSTER_RUN, GlusterVolume, machine_lock, own_mount_ns
 
 KINDS = ("local", "gluster", "nodelocal-locks")
+# A node's new client did not come up (mount.glusterfs stats the mount point, which fails while the
+# brick is down): jailfs_fleet's start retries it once the outage is over, as it does a lost client.
+MOUNT_FAILED = "mount failed"
 PACKAGES = {"gluster": {"glusterd": "glusterfs-server", "mount.glusterfs": "glusterfs-client"},
             "nodelocal-locks": {"bindfs": "bindfs"}}
 
@@ -151,7 +154,7 @@ class JailFS(GlusterVolume):
         line = p.stdout.readline()
         if line.strip() != "ready":
             err = p.stderr.read() if p.wait(timeout=CALL_TIMEOUT) is not None else ""
-            raise RuntimeError(f"{self.kind} client for node {node_id}: mount failed: {err.strip()[-400:]}")
+            raise RuntimeError(f"{self.kind} client for node {node_id}: {MOUNT_FAILED}: {err.strip()[-400:]}")
         return Client(node_id, p)
 
     def _end_client(self, client: Client) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpujail.backends.fs_processes import CALL_TIMEOUT, CLIENT_GONE
 from gpujail.backends.interface import ThreadNemesis
-from gpujail.backends.jailfs import NetFault, provide
+from gpujail.backends.jailfs import MOUNT_FAILED, NetFault, provide
 from gpujail.world.failpoints import BARRIERS_ENV, Barrier
 
 # The suites' nodes revalidate at every lookup: a file another node removed is then detached at the
@@ -61,15 +61,16 @@ def fleet_class(base, kind: str, faults: tuple[NetFault, ...] | list[NetFault] =
 
         def start(self, node_id: str, *args, **kw):
             """A node is started through its client; while a fault keeps the jail unreachable, or
-            the clients are reconnecting after it, the node cannot be set up (its /dev and /run are
-            bound into the jail), and it is set up again once they are back, as an orchestrator
-            retries a container it could not create."""
+            the clients are reconnecting after it, the node cannot be set up (its new client cannot
+            mount the jail, its /dev and /run cannot be bound into it), and it is set up again once
+            they are back, as an orchestrator retries a container it could not create (CI 88: a new
+            client's mount during gluster-brick-restart's outage ended the test in an error)."""
             while True:
                 try:
                     return super().start(node_id, *args, **kw)
                 except RuntimeError as e:
                     reconnecting = time.monotonic() - self._cleared < RECONNECT
-                    if not any(o in str(e) for o in CLIENT_GONE) or not (self._faulty.is_set() or reconnecting):
+                    if not any(o in str(e) for o in (*CLIENT_GONE, MOUNT_FAILED)) or not (self._faulty.is_set() or reconnecting):
                         raise
                     self.nodes = [n for n in self.nodes if n.alive]
                     while self._faulty.is_set() and not self._stop.is_set():
