@@ -1,6 +1,8 @@
 # shellcheck shell=bash
 # run-tests' steps, sourced by it: `step CMD...` runs one step and prints its wall and CPU time;
-# `stop_step` stops the step that is running (for the traps of the shell that runs steps).
+# `stop_step` stops the step that is running (for the traps of the shell that runs steps);
+# `shared_steps CLAIMS NAME...` runs the calling script's `shared_step NAME` for each NAME that no
+# other shell has claimed in the directory CLAIMS, in order.
 #
 # Each step runs as a process group of its own, in the background, and the shell waits for it:
 # bash defers a trap until a foreground command ends, but a `wait` returns at once to run it. So a
@@ -36,4 +38,14 @@ step() {
 }
 stop_step() {
     if [ -n "$step_group" ]; then kill -TERM -- "-$step_group" 2>/dev/null || true; wait "$step_group" || true; fi
+}
+
+# Two lanes that call shared_steps with the same directory and list share the steps: each runs
+# once, in the lane that comes to it first (mkdir is atomic: of two lanes, one creates the claim).
+shared_steps() {
+    local claims=$1 name
+    shift
+    for name in "$@"; do
+        if mkdir "$claims/$name" 2>/dev/null; then shared_step "$name"; fi
+    done
 }

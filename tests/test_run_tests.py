@@ -1,6 +1,7 @@
-"""run-tests' steps (scripts/steps.sh): each step's status and times, and a TERM that stops the
-step running at once instead of after it (a CI system stopping a job sends TERM to its top process,
-then KILL after a grace; the cleanup must have stopped the steps and the daemon lane by then)."""
+"""run-tests' steps (scripts/steps.sh): each step's status and times, a TERM that stops the step
+running at once instead of after it (a CI system stopping a job sends TERM to its top process, then
+KILL after a grace; the cleanup must have stopped the steps and the daemon lane by then), and the
+shared steps that two lanes take from one list."""
 from __future__ import annotations
 
 import os
@@ -59,6 +60,29 @@ def test_a_term_to_the_script_stops_the_running_step_at_once_and_waits_for_its_t
             proc.wait()
         if stepper and alive(stepper):   # (the step group: the script's kill does not reach it)
             os.killpg(os.getpgid(stepper), signal.SIGKILL)
+
+
+def test_two_lanes_share_the_steps_each_step_run_once(tmp_path):
+    """Both lanes, started together, take steps from one list: every step runs exactly once, in
+    list order within a lane, and each lane runs some (a failing one sets that lane's status)."""
+    names = ["s1", "s2", "fails", "s4", "s5", "s6"]
+    ran, claims = tmp_path / "ran", tmp_path / "claims"
+    claims.mkdir()
+    lane = runs_steps(tmp_path, f"""
+shared_step() {{ step sh -c "echo $1 $LANE >> {ran}; sleep 0.2; [ $1 != fails ]"; }}
+touch {tmp_path}/ready.$LANE
+while [ ! -e {tmp_path}/ready.a ] || [ ! -e {tmp_path}/ready.b ]; do sleep 0.01; done
+shared_steps {claims} {' '.join(names)}""")
+    lanes = {name: subprocess.Popen(["bash", str(lane)], env={**os.environ, "LANE": name},
+                                    stdout=subprocess.DEVNULL) for name in "ab"}
+    codes = {name: proc.wait(timeout=60) for name, proc in lanes.items()}
+    runs = [line.split() for line in ran.read_text().splitlines()]
+    assert sorted(step for step, _ in runs) == sorted(names), runs
+    by_lane = {name: [step for step, lane_name in runs if lane_name == name] for name in "ab"}
+    assert all(by_lane.values()), by_lane
+    for taken in by_lane.values():
+        assert taken == sorted(taken, key=names.index)
+    assert {name: code != 0 for name, code in codes.items()} == {name: "fails" in by_lane[name] for name in "ab"}
 
 
 def alive(pid: int) -> bool:
