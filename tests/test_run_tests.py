@@ -75,7 +75,13 @@ while [ ! -e {tmp_path}/ready.a ] || [ ! -e {tmp_path}/ready.b ]; do sleep 0.01;
 shared_steps {claims} {' '.join(names)}""")
     lanes = {name: subprocess.Popen(["bash", str(lane)], env={**os.environ, "LANE": name},
                                     stdout=subprocess.DEVNULL) for name in "ab"}
-    codes = {name: proc.wait(timeout=60) for name, proc in lanes.items()}
+    try:
+        codes = {name: proc.wait(timeout=60) for name, proc in lanes.items()}
+    finally:   # a lane still running (a hang): its trap stops its step, as run-tests' cleanup does
+        for proc in lanes.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
     runs = [line.split() for line in ran.read_text().splitlines()]
     assert sorted(step for step, _ in runs) == sorted(names), runs
     by_lane = {name: [step for step, lane_name in runs if lane_name == name] for name in "ab"}
