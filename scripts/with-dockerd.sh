@@ -22,7 +22,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 if ! command -v dockerd >/dev/null && command -v apt-get >/dev/null; then
     echo "with-dockerd: installing docker.io" >&2
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io; } >/dev/null 2>&1 ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io; } >/dev/null 2>&1 ||
         echo "with-dockerd: could not install docker.io" >&2
 fi
 if ! command -v dockerd >/dev/null; then

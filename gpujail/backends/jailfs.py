@@ -71,6 +71,12 @@ PACKAGES = {"gluster": {"glusterd": "glusterfs-server", "mount.glusterfs": "glus
             "nodelocal-locks": {"bindfs": "bindfs"}}
 
 
+def missing_packages(*kinds: str) -> list[str]:
+    """The Debian packages `kinds` (default: every kind) need and this host lacks (./run-tests
+    installs them in one apt-get run with its other packages)."""
+    return sorted({pkg for kind in kinds or PACKAGES for prog, pkg in PACKAGES[kind].items() if not which(prog)})
+
+
 def unavailable(kind: str, install: bool = True) -> str | None:
     """None when `kind` can run here, else why not. As root, installs missing packages through apt."""
     if kind == "local":
@@ -81,12 +87,12 @@ def unavailable(kind: str, install: bool = True) -> str | None:
         return f"jail filesystem {kind!r} needs root (FUSE mounts in each node's namespace)"
     if not os.path.exists("/dev/fuse"):
         return f"jail filesystem {kind!r} needs FUSE, and this host has no /dev/fuse"
-    missing = sorted({pkg for prog, pkg in PACKAGES[kind].items() if not which(prog)})
+    missing = missing_packages(kind)
     if missing and install and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
+        for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
             subprocess.run(argv, env=env, capture_output=True, timeout=600)
-        missing = sorted({pkg for prog, pkg in PACKAGES[kind].items() if not which(prog)})
+        missing = missing_packages(kind)
     if missing:
         return f"jail filesystem {kind!r} needs the Debian package(s) {', '.join(missing)}, not installed"
     return None
