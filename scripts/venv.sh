@@ -16,10 +16,13 @@ if [ ! -f "$stamp" ]; then
     # uv (from PyPI, installed by the venv's pip) installs the project and its ~75 dependencies:
     # 3 s of CPU where pip took 23 s (./run-tests runs this beside apt's install, both CPU-bound).
     # The venv keeps its own pip: tests/test_install.py installs the package as a vendor would.
+    # --compile-bytecode, as pip does: a process that may not write __pycache__ (an implementation's
+    # start, under PYTHONDONTWRITEBYTECODE; uid 65534's venv in ./run-tests) would compile every
+    # module it imports at each start (CI 106, without it: 1,292 s of machine CPU against 1,175 s).
     # The installers' chatter goes to a log: the caller's output stays the short summary.
     echo "setting up $venv (first run, or pyproject.toml changed): about 10 s" >&2
     log="$venv/install.log"
-    if ! { "$venv/bin/python" -m pip install -q uv && "$venv/bin/uv" pip install -q --python "$venv/bin/python" \
+    if ! { "$venv/bin/python" -m pip install -q uv && "$venv/bin/uv" pip install -q --compile-bytecode --python "$venv/bin/python" \
         -e "${top}[dev,docker,kubernetes]"; } >"$log" 2>&1; then
         tail -n 20 "$log" >&2
         echo "setting up $venv failed (full log: $log)" >&2
