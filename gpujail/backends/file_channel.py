@@ -58,7 +58,9 @@ class _Watch:
 
     def close(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
+            # libc's close, as libc's inotify_init1 made it: __del__ may run at any later collection,
+            # also inside a test that patched `os` (pyfakefs: EBADF, an unraisable warning in CI 107)
+            _libc.close(self.fd)
             self.fd = -1
 
     __del__ = close   # a channel's spare watches go with it: inotify instances are few (128 a user)
