@@ -210,6 +210,7 @@ def test_reproduce_valid_run(tmp_path):
 
 
 @pytest.mark.kernel
+@pytest.mark.gluster
 @needs_kernel
 def test_reproduce_a_network_fault_scenario_injects_its_fault(tmp_path):
     """`gpujail reproduce gluster-client-lost`, a scenario of chaos/scenarios/jailfs/, runs as the

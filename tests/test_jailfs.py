@@ -34,7 +34,13 @@ def needs(kind: str):
     return pytest.mark.skipif(reason is not None, reason=str(reason))
 
 
-PARAMS = [pytest.param(k, marks=needs(k)) for k in KINDS]
+def marks(kind: str) -> list:
+    """A `kind` parameter's marks: `needs`, and `gluster` for GlusterFS (./run-tests, as root, runs
+    the gluster-marked self-tests in its daemon lane with the other GlusterFS steps)."""
+    return [needs(kind), *([pytest.mark.gluster] if kind == "gluster" else [])]
+
+
+PARAMS = [pytest.param(k, marks=marks(k)) for k in KINDS]
 
 
 def jail_dir(tmp_path: Path) -> Path:
@@ -104,9 +110,9 @@ def test_remote_unlink_detaches_at_once_or_at_the_next_lookup(kind, tmp_path):
     assert fs.leftovers() == []
 
 
-@pytest.mark.parametrize("kind,serialises", [pytest.param("local", True, marks=needs("local")),
-                                             pytest.param("gluster", True, marks=needs("gluster")),
-                                             pytest.param("nodelocal-locks", False, marks=needs("nodelocal-locks"))])
+@pytest.mark.parametrize("kind,serialises", [pytest.param("local", True, marks=marks("local")),
+                                             pytest.param("gluster", True, marks=marks("gluster")),
+                                             pytest.param("nodelocal-locks", False, marks=marks("nodelocal-locks"))])
 def test_flock_across_nodes(kind, serialises, tmp_path):
     """K-4 and section 8: node a holds `flock jail/lock` while b tries it without waiting. Through
     one directory or two GlusterFS clients b is refused; through two bindfs views it gets it too."""
@@ -127,6 +133,7 @@ def test_flock_across_nodes(kind, serialises, tmp_path):
     assert fs.leftovers() == []
 
 
+@pytest.mark.gluster
 @needs("gluster")
 def test_brick_outage_and_restart(tmp_path):
     """Section 7, a brick killed mid-run: every lookup through a node's client fails (ENOTCONN)
@@ -151,6 +158,7 @@ def test_brick_outage_and_restart(tmp_path):
     assert fs.leftovers() == []
 
 
+@pytest.mark.gluster
 @needs("gluster")
 def test_a_new_client_cannot_mount_while_the_brick_is_down(tmp_path):
     """What jailfs_fleet's start retries once an outage is over (CI 88): a node set up while the
@@ -173,6 +181,7 @@ def test_a_new_client_cannot_mount_while_the_brick_is_down(tmp_path):
     assert fs.leftovers() == []
 
 
+@pytest.mark.gluster
 @needs("gluster")
 def test_lost_client_fails_its_node_only_and_a_replacement_gets_a_new_one(tmp_path):
     """Section 7, a client unmounted under a live worker: node a's client daemon dies; a's jail
@@ -192,6 +201,7 @@ def test_lost_client_fails_its_node_only_and_a_replacement_gets_a_new_one(tmp_pa
     assert fs.leftovers() == []
 
 
+@pytest.mark.gluster
 @needs("gluster")
 def test_nothing_left_after_an_exception(tmp_path):
     """An exception inside the context (a test failing mid-run) still unmounts every client, stops
