@@ -14,11 +14,12 @@ if [ ! -f "$stamp" ]; then
         python3 -m venv "$venv"
     }
     # uv (from PyPI, installed by the venv's pip) installs the project and its ~75 dependencies:
-    # 3 s of CPU where pip took 23 s (./run-tests runs this beside apt's install, both CPU-bound).
+    # 8 s of CPU with uv's cache, 17 s with none, where pip took 22 s (./run-tests runs this beside
+    # apt's install, and both are CPU-bound).
     # The venv keeps its own pip: tests/test_install.py installs the package as a vendor would.
     # --compile-bytecode, as pip does: a process that may not write __pycache__ (an implementation's
     # start, under PYTHONDONTWRITEBYTECODE; uid 65534's venv in ./run-tests) would compile every
-    # module it imports at each start (CI 106, without it: 1,292 s of machine CPU against 1,175 s).
+    # module it imports at each start (CI 106, without it: 1,292 s of machine CPU; CI 105, 107: 1,175, 1,196 s).
     # The installers' chatter goes to a log: the caller's output stays the short summary.
     echo "setting up $venv (first run, or pyproject.toml changed): about 10 s" >&2
     log="$venv/install.log"
