@@ -35,8 +35,8 @@ def needs(kind: str):
 
 
 def marks(kind: str) -> list:
-    """A `kind` parameter's marks: `needs`, and `gluster` for GlusterFS (./run-tests, as root, runs
-    the gluster-marked self-tests in its daemon lane with the other GlusterFS steps)."""
+    """A `kind` parameter's marks: `needs`, and `gluster` for GlusterFS (`pytest -m gluster tests`
+    selects every self-test that starts a glusterd: one per machine, gluster.machine_lock)."""
     return [needs(kind), *([pytest.mark.gluster] if kind == "gluster" else [])]
 
 
