@@ -26,8 +26,8 @@ die() { echo "slurm-cluster.sh: $*" >&2; exit 1; }
 install_missing() {
     command -v slurmctld >/dev/null && command -v munged >/dev/null && return
     echo "slurm-cluster.sh: installing slurm-wlm and munge through apt" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null \
-        || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null; } \
+    local install=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge)
+    "${install[@]}" >/dev/null || { apt-get update -q >/dev/null && "${install[@]}" >/dev/null; } \
         || die "could not install slurm-wlm and munge through apt"
 }
 
