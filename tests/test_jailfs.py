@@ -8,7 +8,7 @@ for the lock test `jail/lock` (flocked by `a`, tried by `b`) and `jail/a.holds` 
 holds the lock, waited for by `b`).
 
 Every test checks at the end that nothing of the file system outlived it (no host mount under the
-run, no GlusterFS or bindfs process, no socket left under /run/gluster). Without root, FUSE or the
+run, no GlusterFS or bindfs process). Without root, FUSE or the
 packages, the tests skip with the reason `jailfs.unavailable` gives.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def needs(kind: str):
 
 def marks(kind: str) -> list:
     """A `kind` parameter's marks: `needs`, and `gluster` for GlusterFS (`pytest -m gluster tests`
-    selects every self-test that starts a glusterd: one per machine, gluster.machine_lock)."""
+    selects every self-test that starts a glusterd)."""
     return [needs(kind), *([pytest.mark.gluster] if kind == "gluster" else [])]
 
 
@@ -213,6 +213,41 @@ def test_nothing_left_after_an_exception(tmp_path):
             raise RuntimeError("mid-run")
     assert fs.leftovers() == []
     assert host_mounts_under(tmp_path) == []
+
+
+@pytest.mark.gluster
+@needs("gluster")
+def test_two_volumes_at_once_each_in_its_own_network_namespace(tmp_path):
+    """Two runs' glusterds at once on one machine (each in its own network namespace: port 24007
+    and the bricks' ports are each run's own): each node reads its own run's volume, and neither
+    writes into the host's network namespace's ports or its /run/gluster."""
+    def host_run_gluster() -> set[str]:
+        return set(os.listdir("/run/gluster")) if os.path.isdir("/run/gluster") else set()
+    before, seen, up, errors = host_run_gluster(), {}, threading.Barrier(2, timeout=120), []
+
+    def one_run(name: str) -> None:
+        try:
+            jail = jail_dir(tmp_path / name)
+            (jail / "usr/lib/hello").write_text(f"volume of {name}\n")
+            with jailfs.provide("gluster", tmp_path / name, jail, nodes=["a"]) as fs, two_nodes(fs, tmp_path / name) as fleet:
+                up.wait()   # both volumes are up now
+                seen[name] = fleet.start("a", role="cpu-worker", version=None).run(["cat", "usr/lib/hello"]).stdout
+                seen[name + " /run/gluster"] = host_run_gluster() - before
+                up.wait()
+            assert fs.leftovers() == []
+        except BaseException as e:   # noqa: BLE001 (re-raised in the test's thread)
+            errors.append(e)
+            up.abort()
+
+    threads = [threading.Thread(target=one_run, args=(n,)) for n in ("one", "two")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert seen == {"one": "volume of one\n", "two": "volume of two\n",
+                    "one /run/gluster": set(), "two /run/gluster": set()}
+    assert host_run_gluster() == before and host_mounts_under(tmp_path) == []
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="a mount namespace of the harness's own needs root")

@@ -3,14 +3,19 @@
 How this works
 --------------
 `glusterd -N` is started as the harness's child with its working, run and log directories and its
-CLI socket under `run_dir/gluster-XXXX/` (its TCP port is the fixed 24007 that bricks and clients
-assume, so one run at a time per machine: `machine_lock`, a `flock` on the glusterd binary). A
-volume on a brick under `run_dir/gluster-XXXX/brick` is created (`gluster --mode=script volume
-create NAME HOST:BRICK force`) and started; the image already in the jail is moved aside and copied
-in through the harness's client, mounted at the jail in a private mount namespace of the calling
-thread (`own_mount_ns`: the host's namespace never holds it). On the way down the harness's client
-is unmounted, the volume stopped and deleted, glusterd stopped by pid, and the sockets glusterd
-left under /run/gluster removed.
+CLI socket under `run_dir/gluster-XXXX/`, in a network namespace of its own (`_glusterd_argv`: only
+`lo`, up, holding the addresses the host's name resolves to) with its own `/run/gluster` (a tmpfs in
+its mount namespace, where its bricks put their sockets). Its bricks inherit both. So its TCP port,
+the fixed 24007 that bricks and clients assume, and the bricks' ports are this run's alone: any
+number of runs share a machine, beside a host's own glusterd, and nothing lands in the host's
+`/run/gluster`. Every client mount enters that network namespace (`nsenter --net`) and nothing else
+of it: the client stays in the mount namespace it mounts in. The CLI reaches glusterd through its
+unix socket, a path, which any network namespace reaches. A volume on a brick under
+`run_dir/gluster-XXXX/brick` is created (`gluster --mode=script volume create NAME HOST:BRICK force`)
+and started; the image already in the jail is moved aside and copied in through the harness's
+client, mounted at the jail in a private mount namespace of the calling thread (`own_mount_ns`: the
+host's namespace never holds it). On the way down the harness's client is unmounted, the volume
+stopped and deleted, and glusterd stopped by pid; its namespaces go with its last brick.
 
 glusterd and the `gluster` CLI run in mount namespaces of their own (glusterd's bricks inherit its)
 in which the geo-replication helper, gsyncd, cannot be executed (`_without_gsyncd`): they then skip
@@ -27,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import functools
 import glob
 import os
@@ -39,10 +43,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpujail.backends.fs_processes import CALL_TIMEOUT, Unavailable, alive, kill, run, which
+from gpujail.backends.fs_processes import CALL_TIMEOUT, Unavailable, alive, kill, run
 from gpujail.world.sysops import MS_PRIVATE, MS_REC, RealSys
 
-GLUSTER_RUN = Path("/run/gluster")   # where glusterd puts brick sockets whatever its run-directory
+GLUSTER_RUN = "/run/gluster"   # where glusterd puts brick sockets whatever its run-directory
 # where distributions install gsyncd (GSYNCD_PREFIX): Debian and Ubuntu, Fedora and RHEL, others
 GSYNCD = ("/usr/lib/*/glusterfs/gsyncd", "/usr/libexec/glusterfs/gsyncd", "/usr/lib/glusterfs/gsyncd")
 CLONE_NEWNS = 0x00020000
@@ -58,7 +62,7 @@ class GlusterVolume:
     def _gluster(self, *args: str, timeout: float = CALL_TIMEOUT) -> str:
         if getattr(self, "kind", "gluster") != "gluster":   # no volume, no daemon: its CLI would log into the cwd
             raise RuntimeError(f"gluster {' '.join(args[:2])}: the jail is on {self.kind}, not a GlusterFS volume")
-        return run(_without_gsyncd(self.state, ["gluster", "--mode=script", f"--glusterd-sock={self._gluster_sock}",
+        return run(_isolated(self.state, ["gluster", "--mode=script", f"--glusterd-sock={self._gluster_sock}",
                                                 f"--log-file={self.state}/log/cli.log", *args]), "gluster", timeout)
 
     def brick_pids(self) -> list[int]:
@@ -134,10 +138,11 @@ class GlusterVolume:
     option event-threads 1
 end-volume
 """)
-        self._run_before = set(os.listdir(GLUSTER_RUN)) if GLUSTER_RUN.is_dir() else set()
-        self._glusterd = subprocess.Popen(_without_gsyncd(g, ["glusterd", "-N", "-f", str(g / "glusterd.vol"),
+        host = socket.gethostname()   # glusterd refuses localhost and loopback addresses for bricks
+        self._glusterd = subprocess.Popen(_isolated(g, ["glusterd", "-N", "-f", str(g / "glusterd.vol"),
                                            "-p", str(self._run_short / "glusterd.pid"),
-                                           "-l", str(g / "log/glusterd.log"), "--log-level", "WARNING"]),
+                                           "-l", str(g / "log/glusterd.log"), "--log-level", "WARNING"],
+                                                    _own_addresses(host)),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                           start_new_session=True)
         deadline = time.monotonic() + 60
@@ -153,10 +158,11 @@ end-volume
                     raise Unavailable(f"glusterd did not answer within 60 s: {e}") from e
                 time.sleep(0.1)
         self.volume = f"gpujail{os.getpid()}x{int(time.time() * 1000) % 100000}"
-        host = socket.gethostname()   # glusterd refuses localhost and loopback addresses for bricks
         self._gluster("volume", "create", self.volume, f"{host}:{g / 'brick'}", "force")
         self._gluster("volume", "start", self.volume)
-        self._mount_cmd = ["mount", "-t", "glusterfs", "-o", f"log-file={g}/log/client.log,log-level=WARNING",
+        # (glusterd's network namespace by its pid's path: glusterd outlives every client mount)
+        self._mount_cmd = ["nsenter", f"--net=/proc/{self._glusterd.pid}/ns/net",
+                           "mount", "-t", "glusterfs", "-o", f"log-file={g}/log/client.log,log-level=WARNING",
                            f"{host}:/{self.volume}", str(self.jail)]
 
     def _stop_gluster(self) -> None:
@@ -178,11 +184,6 @@ end-volume
                     self._glusterd.kill()
                     self._glusterd.wait()
             self._glusterd.stderr.close()
-        if GLUSTER_RUN.is_dir():   # brick sockets glusterd does not remove when it stops
-            for name in set(os.listdir(GLUSTER_RUN)) - self._run_before:
-                path = GLUSTER_RUN / name
-                with contextlib.suppress(OSError):
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         if self._run_short:
             shutil.rmtree(self._run_short, ignore_errors=True)
 
@@ -220,48 +221,42 @@ def own_mount_ns() -> Iterator[None]:
         os.close(back)
 
 
-@contextlib.contextmanager
-def machine_lock(kind: str, timeout: float) -> Iterator[None]:
-    """One gluster run per machine (glusterd's port 24007 is fixed): a flock on the glusterd binary,
-    which every run opens read-only, so no lock file is left anywhere."""
-    if kind != "gluster":
-        yield
-        return
-    fd = os.open(which("glusterd"), os.O_RDONLY)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise Unavailable(f"another gluster run held this machine's glusterd for {timeout:g} s") from None
-                time.sleep(0.2)
-        if subprocess.run(["pgrep", "-x", "glusterd"], capture_output=True).returncode == 0:
-            raise Unavailable("a glusterd not started by gpujail already runs on this machine (port 24007)")
-        yield
-    finally:
-        os.close(fd)
-
-
-def _without_gsyncd(state: Path, argv: list[str]) -> list[str]:
-    """`argv` run in a private mount namespace where gsyncd is a script whose interpreter does not
-    exist: an exec of it fails with ENOENT, as where gsyncd is not installed, and glusterd and the
-    CLI skip geo-replication (ENOENT, not another failure: that is the case glusterd's check reads
-    as "module not installed"). The same process (no fork): a Popen's pid is glusterd's. Nothing
-    is mounted in the host's namespace; the bind goes with the namespace, once glusterd and its
-    bricks have exited. Where no gsyncd is installed, or the bind fails, glusterd runs as it would
-    have."""
+def _isolated(state: Path, argv: list[str], addresses: list[str] | None = None) -> list[str]:
+    """`argv` in a private mount namespace where gsyncd is a script whose interpreter does not exist:
+    an exec of it fails with ENOENT, as where gsyncd is not installed, and glusterd and the CLI skip
+    geo-replication (ENOENT, not another failure: that is the case glusterd's check reads as "module
+    not installed"). Where no gsyncd is installed, or the bind fails, that part is skipped.
+    With `addresses` (glusterd's): also a network namespace of its own, `lo` up and holding them,
+    and a tmpfs at /run/gluster. The same process (no fork): a Popen's pid is glusterd's. Nothing is
+    mounted in the host's namespace; both namespaces go once glusterd and its bricks have exited."""
+    script, args = "", []
     gsyncd = _gsyncd()
-    if gsyncd is None:
+    if gsyncd is not None:
+        stub = state / "gsyncd-not-installed"
+        if not stub.exists():
+            stub.write_text("#!/nonexistent/gsyncd-not-installed\n")
+            stub.chmod(0o755)
+        script += 'mount --bind "$1" "$2"; shift 2; '
+        args += [str(stub), gsyncd]
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    if addresses is not None:
+        unshare.insert(1, "--net")
+        script += ('ip link set lo up && for a in $1; do ip addr add "$a" dev lo || exit; done && shift && '
+                   f'mkdir -p {GLUSTER_RUN} && mount -t tmpfs -o mode=0755 gpujail-gluster-run {GLUSTER_RUN} || exit; ')
+        args.append(" ".join(addresses))
+    if not script:
         return argv
-    stub = state / "gsyncd-not-installed"
-    if not stub.exists():
-        stub.write_text("#!/nonexistent/gsyncd-not-installed\n")
-        stub.chmod(0o755)
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$1" "$2"; shift 2; exec "$@"',
-            "sh", str(stub), gsyncd, *argv]
+    return [*unshare, "sh", "-c", script + 'exec "$@"', "sh", *args, *argv]
+
+
+def _own_addresses(host: str) -> list[str]:
+    """The addresses `host` resolves to, but loopback's, which `lo` has already: glusterd makes a
+    brick only on an address of its own, and every client reaches the brick by that name."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError as e:
+        raise Unavailable(f"this host's name {host!r} does not resolve (glusterd names its brick by it): {e}") from e
+    return sorted({i[4][0] for i in infos} - {"127.0.0.1", "::1"})
 
 
 @functools.cache

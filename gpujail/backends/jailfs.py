@@ -25,9 +25,9 @@ Kinds (KINDS):
   dentry and attribute caches (K-2: a remote unlink detaches at that node's next lookup). The client
   daemon lives in the host's PID namespace and keeps the holder's mount namespace: on exit every
   client is unmounted in its own namespace (`nsenter -t HOLDER -m umount JAIL`), its holder killed
-  by pid, the harness's client unmounted, the volume stopped and deleted, glusterd stopped by pid,
-  and the sockets glusterd left under /run/gluster removed: nothing is left, also on an exception or
-  Ctrl-C.
+  by pid, the harness's client unmounted, the volume stopped and deleted, glusterd stopped by pid
+  (its network namespace and its /run/gluster, which are its own, go with it): nothing is left, also
+  on an exception or Ctrl-C. Any number of runs' glusterds share a machine.
 * `nodelocal-locks`: the jail is one directory, and each node's holder mounts a `bindfs` view of it
   over itself: shared data, but `flock` serialises only within one view (a lock that is only
   node-local, like NFS with `local_lock=all`). The harness uses the directory itself.
@@ -61,13 +61,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpujail.backends.fs_processes import CALL_TIMEOUT, Unavailable, alive, kill, ns_pids, which
-from gpujail.backends.gluster import GLUSTER_RUN, GlusterVolume, machine_lock, own_mount_ns
+from gpujail.backends.gluster import GlusterVolume, own_mount_ns
 
 KINDS = ("local", "gluster", "nodelocal-locks")
 # A node's new client did not come up (mount.glusterfs stats the mount point, which fails while the
 # brick is down): jailfs_fleet's start retries it once the outage is over, as it does a lost client.
 MOUNT_FAILED = "mount failed"
-PACKAGES = {"gluster": {"glusterd": "glusterfs-server", "mount.glusterfs": "glusterfs-client"},
+PACKAGES = {"gluster": {"glusterd": "glusterfs-server", "mount.glusterfs": "glusterfs-client", "ip": "iproute2"},
             "nodelocal-locks": {"bindfs": "bindfs"}}
 
 
@@ -129,7 +129,6 @@ class JailFS(GlusterVolume):
     _gluster_sock: str = ""
     _harness_mounted: bool = False
     _run_short: Path | None = None   # glusterd's run directory (its sockets): a short path of its own
-    _run_before: set[str] = field(default_factory=set)
     state: Path = Path()   # gluster: glusterd's working, run and log directories and the brick
 
     # -- what nodes get ----------------------------------------------------------------------------
@@ -197,8 +196,6 @@ class JailFS(GlusterVolume):
         for ns in ("/proc/thread-self/mountinfo", "/proc/1/mountinfo"):   # ours, and the host's
             with contextlib.suppress(OSError), open(ns) as f:
                 out += [f"mount {ln.split()[4]}" for ln in f if ln.split()[4].startswith(marker)]
-        if GLUSTER_RUN.is_dir() and self.kind == "gluster":
-            out += [f"{GLUSTER_RUN / n} (left by glusterd)" for n in set(os.listdir(GLUSTER_RUN)) - self._run_before]
         return sorted(set(out))
 
     def _daemons(self) -> list[tuple[int, str]]:
@@ -224,7 +221,7 @@ class JailFS(GlusterVolume):
 
 @contextlib.contextmanager
 def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | None = None,
-            nodes: list[str] | tuple[str, ...] = (), lock_timeout: float = 600.0,
+            nodes: list[str] | tuple[str, ...] = (),
             cache_timeout: float | None = None) -> Iterator[JailFS]:
     """The jail at `jail` (default `run_dir/jail`, created empty if missing) on file system `kind`,
     with clients for `nodes` made up front (others on first `node_options`). `cache_timeout`: the
@@ -237,13 +234,14 @@ def provide(kind: str, run_dir: str | os.PathLike, jail: str | os.PathLike | Non
     jail = Path(jail) if jail is not None else run_dir / "jail"
     jail.mkdir(parents=True, exist_ok=True)
     fs = JailFS(kind, run_dir, jail)
-    with machine_lock(kind, lock_timeout), (own_mount_ns() if kind == "gluster" else contextlib.nullcontext()):
+    with own_mount_ns() if kind == "gluster" else contextlib.nullcontext():
         try:
             if kind == "gluster":
                 fs._start_gluster()
                 fs._seed_through_harness_client()
                 if cache_timeout is not None:   # the nodes' clients only; the harness's keeps the default
-                    fs._mount_cmd[4] += f",entry-timeout={cache_timeout:g},attribute-timeout={cache_timeout:g}"
+                    options = fs._mount_cmd.index("-o") + 1
+                    fs._mount_cmd[options] += f",entry-timeout={cache_timeout:g},attribute-timeout={cache_timeout:g}"
                     # the FUSE timeouts alone are not enough: GlusterFS's md-cache (a volume option, whole
                     # seconds) still answers a lookup for about a second after another client's unlink
                     fs._gluster("volume", "set", fs.volume, "performance.md-cache-timeout", str(int(cache_timeout)))
