@@ -220,7 +220,8 @@ def test_nothing_left_after_an_exception(tmp_path):
 def test_two_volumes_at_once_each_in_its_own_network_namespace(tmp_path):
     """Two runs' glusterds at once on one machine (each in its own network namespace: port 24007
     and the bricks' ports are each run's own): each node reads its own run's volume, and neither
-    writes into the host's network namespace's ports or its /run/gluster."""
+    writes into the host's /run/gluster. (With one glusterd per machine, the second run waited for
+    the first, and the barrier broke after 120 s.)"""
     def host_run_gluster() -> set[str]:
         return set(os.listdir("/run/gluster")) if os.path.isdir("/run/gluster") else set()
     before, seen, up, errors = host_run_gluster(), {}, threading.Barrier(2, timeout=120), []

@@ -3,7 +3,7 @@
 How this works
 --------------
 `glusterd -N` is started as the harness's child with its working, run and log directories and its
-CLI socket under `run_dir/gluster-XXXX/`, in a network namespace of its own (`_glusterd_argv`: only
+CLI socket under `run_dir/gluster-XXXX/`, in a network namespace of its own (`_isolated`: only
 `lo`, up, holding the addresses the host's name resolves to) with its own `/run/gluster` (a tmpfs in
 its mount namespace, where its bricks put their sockets). Its bricks inherit both. So its TCP port,
 the fixed 24007 that bricks and clients assume, and the bricks' ports are this run's alone: any
@@ -18,7 +18,7 @@ host's namespace never holds it). On the way down the harness's client is unmoun
 stopped and deleted, and glusterd stopped by pid; its namespaces go with its last brick.
 
 glusterd and the `gluster` CLI run in mount namespaces of their own (glusterd's bricks inherit its)
-in which the geo-replication helper, gsyncd, cannot be executed (`_without_gsyncd`): they then skip
+in which the geo-replication helper, gsyncd, cannot be executed (`_isolated`): they then skip
 geo-replication, as on a host without that package. No jail uses geo-replication, and otherwise
 gsyncd, a Python program, runs about 30 times in one volume's life (glusterd configures it at
 start, the CLI asks its version at each call): about 2.5 s of CPU a volume, about 85 s of a CI run
