@@ -9,13 +9,17 @@ medians of repeated runs (`median`, `ms`, `ratio`). Worker starts are measured t
 each worker as soon as its last start ended (the steady rate, without a batch's ramp). CPU is the
 whole machine's (`machine_cpu`): a warm node is forked by a long-lived factory and the fake CLI by
 the node's PID 1, so no one parent's children's times hold a start's CPU; `quiet` waits for the
-machine to settle between measurements.
+machine to settle between measurements. `host_costs` prices what the suites do most on this host
+(a page fault, a fork, an exec, Python), so that runs on two hosts can be compared.
 """
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
+import resource
 import statistics
+import subprocess
 import threading
 import time
 
@@ -96,3 +100,54 @@ def machine_cpu() -> float:
     with open("/proc/stat") as f:
         ticks = [int(x) for x in f.readline().split()[1:]]
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")   # all but idle and iowait
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its reaped children."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def host_costs(rounds: int = 5) -> dict[str, float]:
+    """What this host charges, in CPU time (the least of `rounds`: the least disturbed), for what
+    the suites' CPU goes to most: a page fault (the first write to an anonymous page), a fork and exit of this process, an
+    exec of /bin/true, and a million Python additions. The suites are process churn: a probe round
+    is a fork, a shell start a hundred processes, and page faults, forks, exits and execs took 29% of
+    the busy CPU of example-shell's suite (perf, 2026-12-07). The same commit's CI took 971 to
+    1,112 s of machine CPU on one host and 1,413 to 1,485 s on one whose page fault cost 3.7 us (a
+    nested virtual machine; a million additions 29 ms): two runs compare by these, not by wall time."""
+    def fault() -> None:
+        pages = 4096
+        with mmap.mmap(-1, pages * mmap.PAGESIZE) as m:
+            for i in range(0, pages * mmap.PAGESIZE, mmap.PAGESIZE):
+                m[i] = 1
+
+    def fork() -> None:
+        for _ in range(50):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+
+    def python() -> None:
+        x = 0
+        for i in range(1_000_000):
+            x += i
+
+    work = {"page fault": (fault, 4096, 1e6, "us"), "fork and exit": (fork, 50, 1e3, "ms"),
+            "exec": (lambda: [subprocess.run(["/bin/true"]) for _ in range(20)], 20, 1e3, "ms"),
+            "million Python additions": (python, 1, 1e3, "ms")}
+    costs = {}
+    for name, (fn, n, scale, unit) in work.items():
+        samples = []
+        for _ in range(rounds):
+            c0 = _cpu()
+            fn()
+            samples.append((_cpu() - c0) / n * scale)
+        costs[f"{name} ({unit})"] = round(min(samples), 2)
+    return costs
+
+
+def host_costs_line() -> str:
+    """`host_costs` as one line, for a run's summary (run-tests) and the benchmarks' machine."""
+    return ", ".join(f"{k} {v:g}" for k, v in host_costs().items())

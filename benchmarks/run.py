@@ -76,7 +76,7 @@ from gpujail.benchmarks.bug_finding import (
     windows,
 )
 from gpujail.benchmarks.jail_filesystems import jail_fs, qualify
-from gpujail.benchmarks.measure import Row
+from gpujail.benchmarks.measure import Row, host_costs_line
 from gpujail.benchmarks.start_costs import cli_startup, start_parts
 from gpujail.benchmarks.start_rates import docker, launchers, paths, starts
 from gpujail.benchmarks.suite_runs import bounded, memory, model, suites
@@ -109,7 +109,7 @@ def run(args) -> int:
     """Measure, print the table, write the JSON; an EXIT code. Needs the kernel backend."""
     memory_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, {memory_gib:.0f} GiB, Linux {platform.release()}, "
-               f"Python {platform.python_version()}")
+               f"Python {platform.python_version()}; {host_costs_line()}")   # (what this host charges)
     out = {"machine": machine, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "quick": args.quick,
            "figures": {}}
     rows: list[Row] = []

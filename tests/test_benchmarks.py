@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from gpujail.benchmarks.measure import Row
+from gpujail.benchmarks.measure import Row, host_costs, host_costs_line
 from gpujail.benchmarks.run import table
 from gpujail.benchmarks.suite_runs import CHECKOUT, SUITES_HOME, tree_pss
 
@@ -61,3 +61,12 @@ def test_a_failing_figure_costs_only_itself(tmp_path, monkeypatch):
     assert code == 5
     assert figures["fine"]["rows"][0]["value"] == "1/1"
     assert figures["broken"]["rows"][0]["value"] == "FAILED" and "fleet_class" in figures["broken"]["raw"]["error"]
+
+
+def test_host_costs_price_each_kind_of_work():
+    """run-tests' last line and the benchmarks' machine: four prices, each measured (a CPU clock too
+    coarse for them would give 0, and a comparison of two hosts by them would mean nothing)."""
+    costs = host_costs(rounds=2)
+    assert list(costs) == ["page fault (us)", "fork and exit (ms)", "exec (ms)", "million Python additions (ms)"]
+    assert all(0 < v < 1e4 for v in costs.values()), costs
+    assert host_costs_line().count(",") == 3
