@@ -110,12 +110,13 @@ def _cpu() -> float:
 
 def host_costs(rounds: int = 5) -> dict[str, float]:
     """What this host charges, in CPU time (the least of `rounds`: the least disturbed), for what
-    the suites' CPU goes to most: a page fault (the first write to an anonymous page), a fork and exit of this process, an
-    exec of /bin/true, and a million Python additions. The suites are process churn: a probe round
-    is a fork, a shell start a hundred processes, and page faults, forks, exits and execs took 29% of
-    the busy CPU of example-shell's suite (perf, 2026-12-07). The same commit's CI took 971 to
-    1,112 s of machine CPU on one host and 1,413 to 1,485 s on one whose page fault cost 3.7 us (a
-    nested virtual machine; a million additions 29 ms): two runs compare by these, not by wall time."""
+    the suites' CPU goes to most: a page fault (the first write to an anonymous page), a fork and
+    exit of this process, an exec of /bin/true, and a million Python additions. The suites are
+    process churn: a probe round is a fork, a shell start a hundred processes, and page faults,
+    forks, exits and execs took 29% of the busy CPU of example-shell's suite (perf, 2026-12-07).
+    The same commit's CI took 971 to 1,112 s of machine CPU on one host and 1,413 to 1,530 s on one
+    whose page fault cost 3.7 us (a nested virtual machine): two runs compare by these, not by wall
+    time alone (docs/benchmarks.md, sixth session)."""
     def fault() -> None:
         pages = 4096
         with mmap.mmap(-1, pages * mmap.PAGESIZE) as m:
