@@ -23,13 +23,16 @@ if [ ! -f "$stamp" ]; then
     # The installers' chatter goes to a log: the caller's output stays the short summary.
     echo "setting up $venv (first run, or pyproject.toml changed): about 10 s" >&2
     log="$venv/install.log"
-    if ! { "$venv/bin/python" -m pip install -q uv && "$venv/bin/uv" pip install -q --compile-bytecode --python "$venv/bin/python" \
-        -e "${top}[dev,docker,kubernetes]"; } >"$log" 2>&1; then
+    # (TMPDIR in the venv: uv leaves a uv-setuptools-HASH.lock in the temporary directory for every
+    # build, which would outlive the run in the host's /tmp)
+    mkdir -p "$venv/tmp"
+    if ! { "$venv/bin/python" -m pip install -q uv && TMPDIR="$venv/tmp" "$venv/bin/uv" pip install -q --compile-bytecode \
+        --python "$venv/bin/python" -e "${top}[dev,docker,kubernetes]"; } >"$log" 2>&1; then
         tail -n 20 "$log" >&2
         echo "setting up $venv failed (full log: $log)" >&2
         exit 1
     fi
-    rm -f "$venv"/.installed-*
+    rm -rf "$venv"/.installed-* "$venv/tmp"
     touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"
