@@ -113,10 +113,9 @@ def host_costs(rounds: int = 5) -> dict[str, float]:
     the suites' CPU goes to most: a page fault (the first write to an anonymous page), a fork and
     exit of this process, an exec of /bin/true, and a million Python additions. The suites are
     process churn: a probe round is a fork, a shell start a hundred processes, and page faults,
-    forks, exits and execs took 29% of the busy CPU of example-shell's suite (perf, 2026-12-07).
-    The same commit's CI took 971 to 1,112 s of machine CPU on one host and 1,413 to 1,530 s on one
-    whose page fault cost 3.7 us (a nested virtual machine): two runs compare by these, not by wall
-    time alone (docs/benchmarks.md, sixth session)."""
+    forks, exits and execs took 29% of the busy CPU of example-shell's suite, and one commit's CI
+    cost half as much again on a host whose page faults cost several times more (docs/benchmarks.md,
+    sixth session): two runs compare by these, not by wall time alone."""
     def fault() -> None:
         pages = 4096
         with mmap.mmap(-1, pages * mmap.PAGESIZE) as m:
@@ -149,6 +148,7 @@ def host_costs(rounds: int = 5) -> dict[str, float]:
     return costs
 
 
-def host_costs_line() -> str:
-    """`host_costs` as one line, for a run's summary (run-tests) and the benchmarks' machine."""
-    return ", ".join(f"{k} {v:g}" for k, v in host_costs().items())
+def host_costs_line(costs: dict[str, float] | None = None) -> str:
+    """`costs` (measured now if not given: `host_costs`) as one line, for a run's summary
+    (run-tests) and the benchmarks' machine."""
+    return ", ".join(f"{k} {v:g}" for k, v in (costs or host_costs()).items())

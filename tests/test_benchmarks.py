@@ -64,9 +64,10 @@ def test_a_failing_figure_costs_only_itself(tmp_path, monkeypatch):
 
 
 def test_host_costs_price_each_kind_of_work():
-    """run-tests' first and last lines and the benchmarks' machine: four prices, each measured (a CPU clock too
-    coarse for them would give 0, and a comparison of two hosts by them would mean nothing)."""
+    """run-tests' first and last lines and the benchmarks' machine: four prices, each measured (a
+    CPU clock too coarse for them would give 0, and a comparison of two hosts by them would mean
+    nothing)."""
     costs = host_costs(rounds=2)
     assert list(costs) == ["page fault (us)", "fork and exit (ms)", "exec (ms)", "million Python additions (ms)"]
     assert all(0 < v < 1e4 for v in costs.values()), costs
-    assert host_costs_line().count(",") == 3
+    assert host_costs_line(costs).count(",") == 3
